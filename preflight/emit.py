@@ -1,0 +1,270 @@
+"""From a decided run to its events, and from events back to the record (SPEC §5).
+
+`run_events` turns a run's trace into its ordered, hash-chained events; `rebuild_record` is the pure
+inverse the archive relies on: a run's record must be rebuildable exactly from its events. The two
+are written independently so that a test comparing them means something.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from preflight.engine import Decided
+from preflight.errors import ChainError
+from preflight.events import (
+    GENESIS_HASH,
+    ChecklistItemVerified,
+    Envelope,
+    ExecutionApproved,
+    ExecutionFailed,
+    Executed,
+    FieldResolved,
+    FixedChecklistResolved,
+    GateBlocked,
+    PreflightEvent,
+    RunClosed,
+    RunDeferred,
+    RunStarted,
+    ToolMatchDecided,
+    digest,
+    seal,
+    verify_run,
+)
+from preflight.records import ExecutionRecord, RunRef
+
+_GATELESS_KIND = {"input": "invalid_input", "checklist_ids": "checklist_id_missing", "backstop": "preflight_error"}
+
+
+class _Chain:
+    def __init__(self, run_id: str, envelope: dict[str, Any], clock: Callable[[], str], new_id: Callable[[], str]):
+        self.run_id = run_id
+        self.envelope = envelope
+        self.clock = clock
+        self.new_id = new_id
+        self.events: list[PreflightEvent] = []
+        self.prev = GENESIS_HASH
+        self.seq = 0
+
+    def add(self, event_type: str, **payload: Any) -> PreflightEvent:
+        body = {
+            "event_id": self.new_id(),
+            "event_type": event_type,
+            "run_id": self.run_id,
+            "seq": self.seq,
+            "prev_hash": self.prev,
+            "occurred_at": self.clock(),
+            **self.envelope,
+            **payload,
+        }
+        event = seal(body)
+        self.events.append(event)
+        self.prev = event.hash
+        self.seq += 1
+        return event
+
+
+def run_events(
+    decided: Decided,
+    *,
+    run_id: str,
+    user_id: str | None,
+    agent_id: str | None,
+    clock: Callable[[], str],
+    new_id: Callable[[], str],
+) -> tuple[list[PreflightEvent], RunRef]:
+    """The run's events in order, closed by `run_closed`, and the reference the record carries."""
+    record, trace = decided.record, decided.trace
+    chain = _Chain(run_id, {"action_key": record.action_key, "user_id": user_id, "agent_id": agent_id}, clock, new_id)
+    from preflight.records import RECORD_SCHEMA_VERSION
+
+    chain.add("run_started", record_schema_version=RECORD_SCHEMA_VERSION, **trace.started)
+    if trace.fixed is not None:
+        chain.add("fixed_checklist_resolved", fixed=trace.fixed, issues=trace.fixed_issues)
+    if trace.tool_match is not None:
+        chain.add("tool_match_decided", **trace.tool_match)
+    for resolved in trace.fields:
+        chain.add(
+            "field_resolved", field=resolved.field.model_dump(mode="json"), evidence=resolved.evidence.as_json()
+        )
+    for index, item in trace.checklist:
+        chain.add("checklist_item_verified", index=index, item=item)
+
+    gate_json = record.gate.model_dump(mode="json") if record.gate is not None else None
+    decision_id: str | None = None
+    arguments_digest: str | None = None
+    decision = record.execution_decision
+    if decision in ("ask_user", "hold"):
+        assert trace.gate_name is not None and trace.gap_class is not None
+        gate_kind = (gate_json or {}).get("kind") or _GATELESS_KIND.get(trace.gate_name, "value_gate")
+        chain.add(
+            "gate_blocked",
+            gate_name=trace.gate_name,
+            kind=gate_kind,
+            decision=decision,
+            gap_class=trace.gap_class,
+            unknown_fields=[f["name"] for f in (gate_json or {}).get("unknown_fields", [])],
+            unverified_items=[i["id"] for i in (gate_json or {}).get("unverified_checklist", [])],
+            gate=gate_json,
+        )
+    elif decision == "deferred":
+        chain.add("run_deferred", pending_fields=trace.deferred_pending, deferred_input=record.deferred_input)
+    elif decision == "execute":
+        assert trace.arguments is not None and record.fixed is not None and gate_json is not None
+        decision_id = new_id()
+        arguments_digest = digest(trace.arguments)
+        chain.add(
+            "execution_approved",
+            decision_id=decision_id,
+            tool_name=record.fixed.c3_provider_action_name,
+            arguments_digest=arguments_digest,
+            gate=gate_json,
+        )
+    else:  # pragma: no cover - decide() never yields executed/failed
+        raise ValueError(f"a run cannot decide {decision!r}")
+
+    chain.add(
+        "run_closed",
+        decision=decision,
+        event_count=chain.seq + 1,
+        last_hash=chain.prev,
+        record={
+            "schema_version": record.schema_version,
+            "advisory_notes": record.advisory_notes,
+            "unknown_count": record.unknown_count,
+            "unverified_checklist_count": record.unverified_checklist_count,
+            "fields_computed": record.fields is not None,
+            "reason": record.reason,
+            "timestamp": record.timestamp,
+        },
+    )
+    ref = RunRef(
+        run_id=run_id,
+        last_hash=chain.prev,
+        next_seq=chain.seq,
+        decision_id=decision_id,
+        arguments_digest=arguments_digest,
+    )
+    return chain.events, ref
+
+
+def outcome_event(
+    state: ExecutionRecord,
+    ref: RunRef,
+    *,
+    executed: ExecutionRecord,
+    error: BaseException | None,
+    result: Any,
+    user_id: str | None,
+    agent_id: str | None,
+    clock: Callable[[], str],
+    new_id: Callable[[], str],
+) -> PreflightEvent:
+    """The `executed` / `execution_failed` event that extends a closed run's chain."""
+    assert ref.decision_id is not None and ref.arguments_digest is not None and state.fixed is not None
+    body: dict[str, Any] = {
+        "event_id": new_id(),
+        "run_id": ref.run_id,
+        "seq": ref.next_seq,
+        "prev_hash": ref.last_hash,
+        "occurred_at": clock(),
+        "action_key": state.action_key,
+        "user_id": user_id,
+        "agent_id": agent_id,
+        "decision_id": ref.decision_id,
+        "tool_name": state.fixed.c3_provider_action_name,
+        "arguments_digest": ref.arguments_digest,
+        "reason": executed.reason,
+        "timestamp": executed.timestamp,
+    }
+    if error is None:
+        body.update(event_type="executed", result_digest=_result_digest(result))
+    else:
+        body.update(event_type="execution_failed", error_type=type(error).__name__, error=str(error))
+    return seal(body)
+
+
+def _result_digest(result: Any) -> str:
+    try:
+        return digest(result)
+    except (TypeError, ValueError):
+        return digest(repr(result))
+
+
+def rebuild_record(events: Sequence[Envelope], *, verify: bool = True) -> ExecutionRecord:
+    """The record a run's events describe: the decision record, or the executed/failed one after it.
+
+    With `verify` (the default) the chain is checked first and `ChainError` raised if it is broken.
+    """
+    ordered = sorted(events, key=lambda e: e.seq)
+    if verify:
+        verify_run(ordered)
+    by_type: dict[str, list[Any]] = {}
+    for event in ordered:
+        by_type.setdefault(getattr(event, "event_type", ""), []).append(event)
+    closed: list[RunClosed] = by_type.get("run_closed", [])
+    if len(closed) != 1:
+        raise ChainError(f"run has {len(closed)} run_closed events")
+    close = closed[0]
+    started: RunStarted = by_type["run_started"][0]
+    scalars = close.record
+
+    fixed: dict[str, Any] | None = None
+    fixed_events: list[FixedChecklistResolved] = by_type.get("fixed_checklist_resolved", [])
+    match_events: list[ToolMatchDecided] = by_type.get("tool_match_decided", [])
+    if fixed_events:
+        fixed = dict(fixed_events[0].fixed)
+        if match_events:
+            fixed["c3_match"] = {"approved": match_events[0].approved, "reason": match_events[0].reason}
+    phase = match_events[0].phase if match_events else None
+
+    field_events: list[FieldResolved] = by_type.get("field_resolved", [])
+    fields = [e.field for e in field_events] if scalars.get("fields_computed") else None
+
+    checklist_events: list[ChecklistItemVerified] = by_type.get("checklist_item_verified", [])
+    user_checklist = (
+        [e.item for e in sorted(checklist_events, key=lambda e: e.index)]
+        if checklist_events
+        else list(started.user_checklist)
+    )
+
+    gate: Any = None
+    for kind in ("gate_blocked", "execution_approved"):
+        if by_type.get(kind):
+            gate = by_type[kind][0].gate
+    deferred: list[RunDeferred] = by_type.get("run_deferred", [])
+
+    data: dict[str, Any] = {
+        "schema_version": scalars["schema_version"],
+        "action_key": close.action_key,
+        "phase": phase,
+        "fixed": fixed,
+        "fields": fields,
+        "advisory_notes": scalars["advisory_notes"],
+        "user_checklist": user_checklist,
+        "unknown_count": scalars["unknown_count"],
+        "unverified_checklist_count": scalars["unverified_checklist_count"],
+        "gate": gate,
+        "execution_decision": close.decision,
+        "reason": scalars["reason"],
+        "timestamp": scalars["timestamp"],
+    }
+    if deferred:
+        data["deferred_input"] = deferred[0].deferred_input
+
+    approved: list[ExecutionApproved] = by_type.get("execution_approved", [])
+    tails: list[Executed | ExecutionFailed] = by_type.get("executed", []) + by_type.get("execution_failed", [])
+    last_event = ordered[-1]
+    ref = RunRef(
+        run_id=close.run_id,
+        last_hash=last_event.hash,
+        next_seq=last_event.seq + 1,
+        decision_id=approved[0].decision_id if approved else None,
+        arguments_digest=approved[0].arguments_digest if approved else None,
+    )
+    if tails:
+        tail = tails[0]
+        data["execution_decision"] = "executed" if tail.event_type == "executed" else "failed"
+        data["reason"] = tail.reason
+        data["timestamp"] = tail.timestamp
+    return ExecutionRecord.model_validate(data).with_run_ref(ref)

@@ -1,0 +1,45 @@
+"""The package's exceptions: one root, a subclass per area.
+
+A denial (ask, hold, refusal to execute) is a decision value, never an exception. Exceptions are for
+programming and operating faults: a preflight built without its hooks, an event log that cannot be
+written, an event that cannot be decoded. Each docstring says what an operator should do.
+"""
+
+from __future__ import annotations
+
+
+class PreflightError(Exception):
+    """Root of every error this package raises on purpose."""
+
+
+class ConstructionError(PreflightError, ValueError):
+    """`create_preflight` was given hooks or ports it cannot work with.
+
+    Fix the wiring: supply every required hook as a callable, spell hook names as the specification
+    does, pass a storage with `persist` and `load`, and with `strict=True` supply the three hooks
+    whose defaults verify nothing.
+    """
+
+
+class RecordingError(PreflightError):
+    """A run's record or events could not be made durable.
+
+    No record, no execution: the caller must treat the run as not decided. Check that the event log
+    (broker) and the storage are reachable, then run the preflight again. When the tool was already
+    called, `outcome` holds what happened: it must be reconciled by hand, never retried blindly.
+    """
+
+    def __init__(self, message: str, outcome: object | None = None) -> None:
+        super().__init__(message)
+        self.outcome = outcome
+
+
+class EventDecodeError(PreflightError, ValueError):
+    """Bytes or a mapping could not be read as a preflight event of a supported type and version.
+
+    The event is not applied; route it to the dead-letter topic with this message as the reason.
+    """
+
+
+class ChainError(PreflightError):
+    """A run's events do not form an intact hash chain (missing, altered or reordered event)."""

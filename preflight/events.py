@@ -1,0 +1,317 @@
+"""The event contract (SPEC §5): every step of a run as a frozen, hash-chained event.
+
+One topic carries all preflight events, keyed by `action_key` (`__preflight_unkeyed__` when a run
+has none) so a key's events stay in order. Within a run, events are numbered by `seq` from 0 and
+each event's `hash` covers its content and the previous event's hash; the run's `run_closed` event
+states how many events the run has and the hash before it, so a missing, altered or reordered event
+is detectable. `executed` / `execution_failed` extend the chain after the close.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, TypeAdapter, ValidationError
+
+from preflight.errors import ChainError, EventDecodeError
+from preflight.records import UNKEYED_RECORD_KEY
+
+EVENT_SCHEMA_VERSION = 1
+SUPPORTED_EVENT_VERSIONS = frozenset({EVENT_SCHEMA_VERSION})
+GENESIS_HASH = "0" * 64
+
+GapClass = Literal[
+    "instruction_gap",
+    "action_definition_gap",
+    "configuration_defect",
+    "unmet_condition",
+    "internal_error",
+]
+GateName = Literal["input", "checklist_ids", "intent", "tool", "tool_definition", "value", "backstop"]
+
+_EVENT_CONFIG = ConfigDict(frozen=True, extra="forbid")
+
+
+class Envelope(BaseModel):
+    """Fields every event carries."""
+
+    model_config = _EVENT_CONFIG
+
+    event_id: str
+    schema_version: int = EVENT_SCHEMA_VERSION
+    run_id: str
+    seq: int = Field(ge=0)
+    prev_hash: str
+    hash: str
+    action_key: str | None
+    user_id: str | None
+    agent_id: str | None
+    occurred_at: str
+
+    @property
+    def kafka_key(self) -> str:
+        return self.action_key if self.action_key is not None else UNKEYED_RECORD_KEY
+
+
+class RunStarted(Envelope):
+    """A run began. The raw instruction is never written: only its shape and a fingerprint."""
+
+    event_type: Literal["run_started"] = "run_started"
+    record_schema_version: str
+    tool_name: str | None
+    tool_digest: str | None
+    has_input_schema: bool | None
+    instruction_segments: list[dict[str, JsonValue]] | None
+    intent_fingerprint: str | None
+    intent_attempt: int
+    tool_attempt: int
+    user_checklist: list[JsonValue]
+
+
+class FixedChecklistResolved(Envelope):
+    """C1, C2 and C3 as settled (unsettled slots null), with the issues that blocked any of them."""
+
+    event_type: Literal["fixed_checklist_resolved"] = "fixed_checklist_resolved"
+    fixed: dict[str, JsonValue]
+    issues: list[dict[str, JsonValue]]
+
+
+class ToolMatchDecided(Envelope):
+    """The tool gate's verdict on the selected tool, and the key and phase it settles."""
+
+    event_type: Literal["tool_match_decided"] = "tool_match_decided"
+    tool_name: str
+    approved: bool
+    reason: str | None
+    phase: Literal["at_instruction", "at_trigger"]
+
+
+class FieldResolved(Envelope):
+    """One required field: the record's entry plus the evidence of where the value was read."""
+
+    event_type: Literal["field_resolved"] = "field_resolved"
+    field: dict[str, JsonValue]
+    evidence: dict[str, JsonValue]
+
+
+class ChecklistItemVerified(Envelope):
+    """One user-checklist item as verified at trigger time (verified only if the hook said so)."""
+
+    event_type: Literal["checklist_item_verified"] = "checklist_item_verified"
+    index: int
+    item: dict[str, JsonValue]
+
+
+class GateBlocked(Envelope):
+    """A gate stopped the run: which gate, what kind, the decision, what was missing, and why."""
+
+    event_type: Literal["gate_blocked"] = "gate_blocked"
+    gate_name: GateName
+    kind: str
+    decision: Literal["ask_user", "hold"]
+    gap_class: GapClass
+    unknown_fields: list[str]
+    unverified_items: list[str]
+    gate: dict[str, JsonValue] | None
+
+
+class RunDeferred(Envelope):
+    """Values settled at instruction time; the run waits for its trigger with what must be preserved."""
+
+    event_type: Literal["run_deferred"] = "run_deferred"
+    pending_fields: list[str]
+    deferred_input: dict[str, JsonValue]
+
+
+class ExecutionApproved(Envelope):
+    """Every gate passed: the decision that `execute_if_ready` may act on, once."""
+
+    event_type: Literal["execution_approved"] = "execution_approved"
+    decision_id: str
+    tool_name: str
+    arguments_digest: str
+    gate: dict[str, JsonValue]
+
+
+class RunClosed(Envelope):
+    """The run's last decision event: final decision, how many events it has, the hash before it."""
+
+    event_type: Literal["run_closed"] = "run_closed"
+    decision: Literal["execute", "ask_user", "hold", "deferred"]
+    event_count: int
+    last_hash: str
+    record: dict[str, JsonValue]
+
+
+class Executed(Envelope):
+    """The tool was called once for an approved decision and returned."""
+
+    event_type: Literal["executed"] = "executed"
+    decision_id: str
+    tool_name: str
+    arguments_digest: str
+    result_digest: str
+    reason: str
+    timestamp: str
+
+
+class ExecutionFailed(Envelope):
+    """The tool call raised. Nothing says the provider did nothing: it is never retried."""
+
+    event_type: Literal["execution_failed"] = "execution_failed"
+    decision_id: str
+    tool_name: str
+    arguments_digest: str
+    error_type: str
+    error: str
+    reason: str
+    timestamp: str
+
+
+PreflightEvent = Annotated[
+    RunStarted
+    | FixedChecklistResolved
+    | ToolMatchDecided
+    | FieldResolved
+    | ChecklistItemVerified
+    | GateBlocked
+    | RunDeferred
+    | ExecutionApproved
+    | RunClosed
+    | Executed
+    | ExecutionFailed,
+    Field(discriminator="event_type"),
+]
+EVENT_ADAPTER: TypeAdapter[PreflightEvent] = TypeAdapter(PreflightEvent)
+EVENT_TYPES: frozenset[str] = frozenset(
+    t.model_fields["event_type"].default
+    for t in (
+        RunStarted,
+        FixedChecklistResolved,
+        ToolMatchDecided,
+        FieldResolved,
+        ChecklistItemVerified,
+        GateBlocked,
+        RunDeferred,
+        ExecutionApproved,
+        RunClosed,
+        Executed,
+        ExecutionFailed,
+    )
+)
+TAIL_EVENT_TYPES = frozenset({"executed", "execution_failed"})
+
+
+# ---- canonical form and the chain -------------------------------------------------------------------
+
+
+def canonical_json(data: Any) -> bytes:
+    """One byte form per value: sorted keys, no spaces, UTF-8, no NaN."""
+    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+
+
+def digest(data: Any) -> str:
+    """`sha256:<hex>` of the canonical form of `data`."""
+    return "sha256:" + hashlib.sha256(canonical_json(data)).hexdigest()
+
+
+def content_hash(prev_hash: str, body: Mapping[str, Any]) -> str:
+    """The chain hash of an event whose fields other than `hash` are `body`."""
+    h = hashlib.sha256()
+    h.update(prev_hash.encode())
+    h.update(b"\n")
+    h.update(canonical_json({k: v for k, v in body.items() if k != "hash"}))
+    return h.hexdigest()
+
+
+def seal(body: dict[str, Any]) -> PreflightEvent:
+    """Build an event from `body` (all fields but `hash`), computing its chain hash."""
+    draft = EVENT_ADAPTER.validate_python({**body, "hash": ""})
+    sealed: PreflightEvent = draft.model_copy(update={"hash": content_hash(draft.prev_hash, event_body(draft))})
+    return sealed
+
+
+def event_body(event: Envelope) -> dict[str, Any]:
+    return event.model_dump(mode="json")
+
+
+def encode_event(event: Envelope) -> bytes:
+    """The event's JSON bytes, as published."""
+    return canonical_json(event_body(event))
+
+
+def decode_event(data: bytes | str | Mapping[str, Any]) -> PreflightEvent:
+    """Read one event; raise `EventDecodeError` naming the defect for anything else."""
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        try:
+            raw: Any = json.loads(bytes(data).decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise EventDecodeError(f"undecodable bytes: {exc}") from exc
+    elif isinstance(data, str):
+        try:
+            raw = json.loads(data)
+        except json.JSONDecodeError as exc:
+            raise EventDecodeError(f"undecodable JSON: {exc}") from exc
+    else:
+        raw = data
+    if not isinstance(raw, Mapping):
+        raise EventDecodeError(f"event is a JSON {type(raw).__name__}, not an object")
+    event_type = raw.get("event_type")
+    if event_type not in EVENT_TYPES:
+        raise EventDecodeError(f"unknown event_type: {event_type!r}")
+    version = raw.get("schema_version")
+    if version not in SUPPORTED_EVENT_VERSIONS:
+        raise EventDecodeError(f"unsupported schema_version {version!r} for {event_type}")
+    try:
+        return EVENT_ADAPTER.validate_python(dict(raw))
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or '<event>'}: {err['msg']}" for err in exc.errors()
+        )
+        raise EventDecodeError(f"malformed {event_type}: {problems}") from exc
+
+
+def verify_event_hash(event: Envelope) -> bool:
+    """True if the event's `hash` matches its content and `prev_hash`."""
+    return event.hash == content_hash(event.prev_hash, event_body(event))
+
+
+def verify_run(events: Iterable[Envelope], *, require_closed: bool = True) -> None:
+    """Check one run's chain: contiguous `seq` from 0, each hash, each link, and the closing count.
+
+    Raises `ChainError` naming the first bad event. At most one `executed`/`execution_failed` may
+    follow `run_closed`, linked to it.
+    """
+    ordered = list(events)
+    if not ordered:
+        raise ChainError("run has no events")
+    run_id = ordered[0].run_id
+    prev = GENESIS_HASH
+    closed: RunClosed | None = None
+    for position, event in enumerate(ordered):
+        where = f"run {run_id} seq {event.seq} ({getattr(event, 'event_type', '?')})"
+        if event.run_id != run_id:
+            raise ChainError(f"{where}: belongs to run {event.run_id}")
+        if event.seq != position:
+            raise ChainError(f"{where}: expected seq {position}")
+        if event.prev_hash != prev:
+            raise ChainError(f"{where}: prev_hash does not link to the previous event")
+        if not verify_event_hash(event):
+            raise ChainError(f"{where}: hash does not match its content")
+        if closed is not None:
+            if position != closed.event_count or getattr(event, "event_type", None) not in TAIL_EVENT_TYPES:
+                raise ChainError(f"{where}: event after run_closed")
+        if isinstance(event, RunClosed):
+            if event.event_count != position + 1 or event.last_hash != event.prev_hash:
+                raise ChainError(f"{where}: closing count or last hash does not match the run")
+            closed = event
+        prev = event.hash
+    if require_closed and closed is None:
+        raise ChainError(f"run {run_id}: no run_closed event (truncated)")
+
+
+def kafka_key(events: Sequence[Envelope]) -> str:
+    return events[0].kafka_key if events else UNKEYED_RECORD_KEY

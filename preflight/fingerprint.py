@@ -1,0 +1,31 @@
+"""The intent fingerprint: a digest of the trusted text of an instruction, normalised.
+
+Identity only ("the same utterance"), never meaning: NFKC, lower case, and every whitespace,
+punctuation and symbol character removed before hashing, so "Send it!" and "send   it" agree.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import unicodedata
+from collections.abc import Sequence
+
+from preflight.inputs import Segment
+
+_DROPPED_CATEGORIES = ("P", "S", "Z")
+
+
+def normalise(text: str) -> str:
+    folded = unicodedata.normalize("NFKC", text).lower()
+    return "".join(
+        ch
+        for ch in folded
+        if not ch.isspace() and not unicodedata.category(ch).startswith(_DROPPED_CATEGORIES)
+    )
+
+
+def intent_fingerprint(instruction: Sequence[Segment] | str) -> str:
+    """`sha256:<hex>` over the normalised trusted segments (a plain string has none)."""
+    trusted = [] if isinstance(instruction, str) else [s.text for s in instruction if s.trust == "user"]
+    joined = "\x00".join(normalise(t) for t in trusted)
+    return "sha256:" + hashlib.sha256(joined.encode()).hexdigest()

@@ -1,0 +1,136 @@
+"""The hook contract: names, the defaults that exist, and how a hook is called and read.
+
+Hooks may be plain functions or coroutines. Their results may be mappings or objects with the named
+attributes; `read` reads both. A hook can only reject or downgrade: nothing it returns is trusted
+beyond the shape the engine checks.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from preflight.inputs import Segment, Tool
+from preflight.records import ExecutionRecord, Phase
+
+REQUIRED_HOOKS: tuple[str, ...] = (
+    "classify_when_case",
+    "extract_user_action_name",
+    "confirm_tool_name_matches_intent",
+    "extract_from_instruction",
+    "measure_from_environment",
+    "build_action_key",
+)
+UNSAFE_DEFAULT_HOOKS: tuple[str, ...] = (
+    "apply_field_policy",
+    "validate_field_schema",
+    "verify_user_checklist_item",
+)
+OPTIONAL_HOOKS: tuple[str, ...] = (
+    "get_required_fields",
+    "get_advisory_notes",
+    "format_reason",
+    "build_deferred_input",
+)
+ALL_HOOKS: frozenset[str] = frozenset(REQUIRED_HOOKS + UNSAFE_DEFAULT_HOOKS + OPTIONAL_HOOKS)
+
+Hook = Callable[..., Any]
+MISSING: Any = object()
+
+
+async def call(fn: Hook, *args: Any) -> Any:
+    """Call a sync or async hook and return its result."""
+    result = fn(*args)
+    if inspect.isawaitable(result):
+        result = await result
+    return result
+
+
+def read(obj: Any, key: str, default: Any = MISSING) -> Any:
+    """`obj[key]` for a mapping, `obj.key` otherwise; `default` when absent."""
+    if isinstance(obj, Mapping):
+        return obj.get(key, default)
+    if obj is None:
+        return default
+    return getattr(obj, key, default)
+
+
+@dataclass(frozen=True)
+class LookupContext:
+    """What field hooks see (`ctx`). Frozen: a hook cannot change what the next hook reads."""
+
+    user_id: str | None
+    instruction: list[Segment] | str
+    user_answers: Mapping[str, Any]
+    checklist_answers: Mapping[str, Any]
+    pre_set_data: Mapping[str, Any]
+    measured_data: Mapping[str, Any]
+    prior_execution_state: ExecutionRecord | None
+    phase: Phase
+    field_schemas: Mapping[str, Any] = field(default_factory=dict)
+
+
+# ---- defaults -------------------------------------------------------------------------------------
+
+
+def default_apply_field_policy(record: dict[str, Any], ctx: LookupContext) -> dict[str, Any]:
+    """Refuse tier 4: an inherited value reads as fresh and its staleness is undetectable here."""
+    if record.get("source") != "prior_state":
+        return record
+    return {
+        **record,
+        "value": None,
+        "status": "unknown",
+        "source": None,
+        "note": "prior_state refused by the default field policy",
+    }
+
+
+def default_validate_field_schema(value: Any, schema: Any, ctx: LookupContext) -> str | None:
+    """Checks nothing (no type or format validation): an unsafe default."""
+    return None
+
+
+def default_verify_user_checklist_item(item: dict[str, Any], ctx: LookupContext) -> dict[str, Any]:
+    """Verifies nothing: every item comes back unverified."""
+    return {**item, "status": "unverified", "source": None, "note": "verification hook not implemented"}
+
+
+def default_get_required_fields(tool: Tool) -> list[str] | None:
+    """`inputSchema.required`; `None` (never `[]`) when the schema never arrived."""
+    if tool.input_schema is None:
+        return None
+    return list(tool.input_schema.required or [])
+
+
+def default_get_advisory_notes(tool: Tool) -> str:
+    """The provider's description: recorded and handed to the model, never part of the gate."""
+    return tool.description or ""
+
+
+def default_format_reason(decision: str, gate: Mapping[str, Any]) -> str:
+    unknown = gate.get("unknown_fields") or []
+    unverified = gate.get("unverified_checklist") or []
+    return f"{decision}: unknown_fields={len(unknown)}, unverified_checklist={len(unverified)}"
+
+
+def default_build_deferred_input(preserve: Mapping[str, Any]) -> dict[str, Any]:
+    """Preserve intent (instruction, user checklist, answers); reality is re-fetched at trigger."""
+    return {
+        "instruction": preserve["instruction"],
+        "user_checklist": preserve["user_checklist"],
+        "user_answers": preserve["user_answers"],
+    }
+
+
+DEFAULT_HOOKS: dict[str, Hook] = {
+    "apply_field_policy": default_apply_field_policy,
+    "validate_field_schema": default_validate_field_schema,
+    "verify_user_checklist_item": default_verify_user_checklist_item,
+    "get_required_fields": default_get_required_fields,
+    "get_advisory_notes": default_get_advisory_notes,
+    "format_reason": default_format_reason,
+    "build_deferred_input": default_build_deferred_input,
+}

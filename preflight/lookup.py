@@ -1,0 +1,290 @@
+"""The five-tier lookup and the per-field settlement that follows it (SPEC §2.3 step 6).
+
+A search order, not a trust ranking: user answer, instruction, pre-set data, measurement, prior
+executed state. Nothing here generates a value: every tier reads a defined source, and all five
+empty means `unknown`, the correct output for an incomplete instruction. A tier-1 or tier-3 hook
+that throws ends the chain on the spot; lower tiers never see the field.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from preflight.hooks import MISSING, Hook, LookupContext, call, read
+from preflight.records import ExecutionRecord, FieldRecord
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """Where a field's value was read, beyond the record's `source` (for the audit trail)."""
+
+    tier: str | None = None
+    segment_index: int | None = None
+    span: tuple[int, int] | None = None
+    segment_origin: str | None = None
+    pre_set_origin: str | None = None
+    measured: bool = False
+    baseline: str | None = None
+    baseline_run_id: str | None = None
+    baseline_timestamp: str | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "tier": self.tier,
+            "segment_index": self.segment_index,
+            "span": list(self.span) if self.span is not None else None,
+            "segment_origin": self.segment_origin,
+            "pre_set_origin": self.pre_set_origin,
+            "measured": self.measured,
+            "baseline": self.baseline,
+            "baseline_run_id": self.baseline_run_id,
+            "baseline_timestamp": self.baseline_timestamp,
+        }
+
+
+@dataclass(frozen=True)
+class Resolved:
+    field: FieldRecord
+    evidence: Evidence
+
+
+class BaselineReader:
+    """Loads the tier-4 baseline at most once per run, and only if a field reaches tier 4.
+
+    A load that fails leaves tier 4 empty (fail closed, never stale) and says so in the evidence.
+    """
+
+    def __init__(
+        self,
+        given: ExecutionRecord | None,
+        given_explicitly: bool,
+        load: Callable[[], Awaitable[ExecutionRecord | None]],
+    ) -> None:
+        self._given = given
+        self._explicit = given_explicitly
+        self._load = load
+        self._loaded = False
+        self._record: ExecutionRecord | None = None
+        self.status = "given" if given_explicitly else "not_loaded"
+        self.error: str | None = None
+
+    async def get(self) -> ExecutionRecord | None:
+        if self._explicit:
+            return self._given
+        if not self._loaded:
+            self._loaded = True
+            try:
+                self._record = await self._load()
+                self.status = "loaded" if self._record is not None else "none"
+            except Exception as exc:  # any storage failure: tier 4 stays empty
+                self._record = None
+                self.status = "unavailable"
+                self.error = f"{type(exc).__name__}: {exc}"
+        return self._record
+
+
+def json_value(value: Any) -> tuple[bool, Any]:
+    """(True, value) if `value` can be recorded verbatim as JSON, else (False, None)."""
+    try:
+        text = json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError, RecursionError):
+        return False, None
+    return True, json.loads(text)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _span_ok(span: Any, text: str) -> tuple[int, int] | None:
+    if not isinstance(span, (list, tuple)) or len(span) != 2:
+        return None
+    start, end = span
+    if not (_is_int(start) and _is_int(end)):
+        return None
+    if 0 <= start < end <= len(text):
+        return (start, end)
+    return None
+
+
+class _HookFailed(Exception):
+    def __init__(self, tier: str, detail: str) -> None:
+        super().__init__(detail)
+        self.tier = tier
+        self.detail = detail
+
+
+def _unknown(name: str, at: str, **extra: Any) -> FieldRecord:
+    return FieldRecord(name=name, status="unknown", source=None, origin_source=None, resolved_at=at, **extra)
+
+
+async def lookup_field(
+    name: str, ctx: LookupContext, hooks: Mapping[str, Hook], baseline: BaselineReader, at: str
+) -> Resolved:
+    """Walk the five tiers for `name`; the first tier with an acceptable value settles it."""
+    # Tier 0: an answer the user gave to an earlier ask.
+    if name in ctx.user_answers:
+        return _known(name, ctx.user_answers[name], "user_answer", at, Evidence(tier="user_answer"))
+
+    # Tier 1: the user's own words, with coordinates. A plain-string instruction closes this tier.
+    try:
+        found = await call(hooks["extract_from_instruction"], name, ctx.instruction)
+    except Exception as exc:
+        return _failed(name, at, "instruction", exc)
+    if found is not None and isinstance(ctx.instruction, list):
+        index = read(found, "segment_index", None)
+        value = read(found, "value", MISSING)
+        if _is_int(index) and 0 <= index < len(ctx.instruction) and value is not MISSING:
+            segment = ctx.instruction[index]
+            span = _span_ok(read(found, "span", None), segment.text)
+            if segment.trust == "user" and span is not None:
+                evidence = Evidence(
+                    tier="instruction", segment_index=index, span=span, segment_origin=segment.origin
+                )
+                return _known(name, value, "instruction", at, evidence)
+
+    # Tier 2: a value set in advance, only inside a wrapper whose trust is "user".
+    if name in ctx.pre_set_data:
+        entry = ctx.pre_set_data[name]
+        if isinstance(entry, Mapping) and "value" in entry and entry.get("trust") == "user":
+            origin = entry.get("origin")
+            evidence = Evidence(tier="pre_set_data", pre_set_origin=origin if isinstance(origin, str) else None)
+            return _known(name, entry["value"], "pre_set_data", at, evidence)
+
+    # Tier 3: a measurement the hook vouches for with `valid: True`.
+    try:
+        measured = await call(hooks["measure_from_environment"], name, ctx)
+    except Exception as exc:
+        return _failed(name, at, "measured_data", exc)
+    if measured is not None and read(measured, "valid", False) is True:
+        value = read(measured, "value", MISSING)
+        if value is not MISSING:
+            return _known(name, value, "measured_data", at, Evidence(tier="measured_data", measured=True))
+
+    # Tier 4: the last executed record. source becomes prior_state; origin_source is inherited.
+    prior = await baseline.get()
+    base_evidence = Evidence(
+        tier=None,
+        baseline=baseline.status,
+        baseline_run_id=prior.run_ref.run_id if prior is not None and prior.run_ref is not None else None,
+        baseline_timestamp=prior.timestamp if prior is not None else None,
+    )
+    if prior is not None and prior.execution_decision == "executed":
+        inherited = prior.known_field(name)
+        if inherited is not None and inherited.origin_source is not None:
+            evidence = Evidence(
+                tier="prior_state",
+                baseline=base_evidence.baseline,
+                baseline_run_id=base_evidence.baseline_run_id,
+                baseline_timestamp=base_evidence.baseline_timestamp,
+            )
+            record = FieldRecord(
+                name=name,
+                value=inherited.value,
+                status="known",
+                source="prior_state",
+                origin_source=inherited.origin_source,
+                resolved_at=at,
+            )
+            return Resolved(record, evidence)
+
+    return Resolved(_unknown(name, at), base_evidence)
+
+
+def _known(name: str, value: Any, source: Any, at: str, evidence: Evidence) -> Resolved:
+    ok, value = json_value(value)
+    if not ok:
+        note = f"value from {source} cannot be recorded (not a JSON value)"
+        return Resolved(_unknown(name, at, note=note), evidence)
+    record = FieldRecord(
+        name=name, value=value, status="known", source=source, origin_source=source, resolved_at=at
+    )
+    return Resolved(record, evidence)
+
+
+def _failed(name: str, at: str, tier: str, exc: BaseException) -> Resolved:
+    record = _unknown(
+        name,
+        at,
+        lookup_failed=True,
+        pending_at_trigger=False,
+        note=f"lookup hook failed (tier: {tier})",
+        diag_note=f"{type(exc).__name__}: {exc}",
+    )
+    return Resolved(record, Evidence(tier=None))
+
+
+def _demote(record: FieldRecord, note: str, **extra: Any) -> FieldRecord:
+    data = record.model_dump(by_alias=False)
+    data.update(value=None, status="unknown", source=None, origin_source=None, note=note, **extra)
+    return FieldRecord.model_validate(data)
+
+
+async def settle_field(
+    name: str, ctx: LookupContext, hooks: Mapping[str, Hook], baseline: BaselineReader, at: str
+) -> Resolved:
+    """Lookup, then the field policy, then schema validation. Each step may only downgrade."""
+    resolved = await lookup_field(name, ctx, hooks, baseline, at)
+    record = resolved.field
+    if record.lookup_failed:
+        # The policy must not see a crashed lookup: it could mark it pending and schedule it.
+        return resolved
+
+    record = await _apply_policy(record, ctx, hooks)
+    if record.status != "known":
+        return Resolved(record, resolved.evidence)
+
+    schema = ctx.field_schemas.get(name)
+    try:
+        verdict = await call(hooks["validate_field_schema"], record.value, schema, ctx)
+    except Exception as exc:
+        verdict = f"validation hook failed: {type(exc).__name__}: {exc}"
+    if verdict is None:
+        return Resolved(record, resolved.evidence)
+    if not isinstance(verdict, str):
+        verdict = f"validation hook returned {type(verdict).__name__}, not None or a violation string"
+    note = f"schema violation (source {record.source}): {verdict}"
+    return Resolved(_demote(record, note, pending_at_trigger=False), resolved.evidence)
+
+
+async def _apply_policy(record: FieldRecord, ctx: LookupContext, hooks: Mapping[str, Hook]) -> FieldRecord:
+    given = record.model_dump(mode="json")
+    given.setdefault("value", None)
+    try:
+        out = await call(hooks["apply_field_policy"], dict(given), ctx)
+    except Exception as exc:
+        return _demote(record, f"field policy hook failed: {type(exc).__name__}: {exc}")
+    status = read(out, "status", None)
+    if status not in ("known", "unknown"):
+        return _demote(record, "field policy hook did not return a valid field record")
+
+    pending = read(out, "pending_at_trigger", None)
+    pending = pending if isinstance(pending, bool) else record.pending_at_trigger
+    note = read(out, "note", None)
+    note = note if isinstance(note, str) else record.note
+
+    if status == "unknown":
+        if record.status == "known":
+            data = record.model_dump(by_alias=False)
+            data.update(value=None, status="unknown", source=None, origin_source=None)
+            data.update(note=note or "refused by the field policy", pending_at_trigger=pending)
+            return FieldRecord.model_validate(data)
+        return record.model_copy(update={"pending_at_trigger": pending, "note": note})
+
+    # status == "known": the policy may keep a value, never create or change one.
+    if record.status != "known":
+        return record.model_copy(
+            update={"pending_at_trigger": pending, "note": "field policy cannot make an unknown field known"}
+        )
+    same = (
+        read(out, "value", MISSING) == record.value
+        and read(out, "source", MISSING) == record.source
+        and read(out, "origin_source", MISSING) == record.origin_source
+    )
+    if not same:
+        return _demote(record, "field policy changed the value or its source")
+    return record.model_copy(update={"pending_at_trigger": pending, "note": note})
+

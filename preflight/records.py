@@ -1,0 +1,247 @@
+"""The record a preflight run yields (SPEC §2.5), with the seed's field names exactly.
+
+`model_dump(mode="json")` gives the wire shape: keys that JavaScript would leave undefined are
+absent (an unknown field has no `value`; optional markers appear only when set), while keys whose
+null carries meaning (`fields: null` is "not computed", never `[]`) are always present.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    JsonValue,
+    PrivateAttr,
+    SerializerFunctionWrapHandler,
+    Tag,
+    model_serializer,
+)
+
+RECORD_SCHEMA_VERSION = "1.9"
+"""Record shape version. 1.8 is the reference skeleton's last shape (c2_source, c3_match,
+lookup_failed); 1.9 adds the `tool_definition_incomplete` gate kind for a tool whose input schema
+never arrived."""
+
+UNKEYED_RECORD_KEY = "__preflight_unkeyed__"
+
+WhenCase = Literal["immediate", "scheduled", "conditional", "recurring"]
+WHEN_CASES: tuple[str, ...] = ("immediate", "scheduled", "conditional", "recurring")
+Phase = Literal["at_instruction", "at_trigger"]
+Decision = Literal["execute", "ask_user", "hold", "deferred", "executed", "failed"]
+Source = Literal["user_answer", "instruction", "pre_set_data", "measured_data", "prior_state"]
+OriginSource = Literal["user_answer", "instruction", "pre_set_data", "measured_data"]
+C2Source = Literal["instruction", "pre_set_data"]
+
+_MODEL_CONFIG = ConfigDict(
+    frozen=True,
+    extra="forbid",
+    serialize_by_alias=True,
+    validate_by_alias=True,
+    validate_by_name=True,
+)
+
+
+def _drop_none(data: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
+    for key in keys:
+        if data.get(key) is None:
+            data.pop(key, None)
+    return data
+
+
+class FieldRecord(BaseModel):
+    """One required argument: its value (if known) and where the value was found."""
+
+    model_config = _MODEL_CONFIG
+
+    name: str
+    value: JsonValue = None
+    status: Literal["known", "unknown"]
+    source: Source | None = None
+    origin_source: OriginSource | None = None
+    resolved_at: str
+    pending_at_trigger: bool | None = None
+    lookup_failed: bool | None = None
+    note: str | None = None
+    diag_note: str | None = Field(default=None, alias="_diag_note")
+
+    @model_serializer(mode="wrap")
+    def _serialize(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if self.status == "unknown":
+            data.pop("value", None)
+        return _drop_none(data, ("pending_at_trigger", "lookup_failed", "note", "_diag_note"))
+
+
+class C3Match(BaseModel):
+    """The tool gate's verdict, recorded on both paths from the expression the gate branched on."""
+
+    model_config = _MODEL_CONFIG
+
+    approved: bool
+    reason: str | None
+
+
+class Fixed(BaseModel):
+    """The fixed checklist: when (C1), what the user calls the act (C2), which tool (C3)."""
+
+    model_config = _MODEL_CONFIG
+
+    c1_when_case: WhenCase | None
+    c2_user_action_name: str | None
+    c3_provider_action_name: str | None
+    c2_source: C2Source | None = None
+    c3_match: C3Match | None = None
+
+    @model_serializer(mode="wrap")
+    def _serialize(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return _drop_none(handler(self), ("c3_match",))
+
+
+class UnknownFieldEntry(BaseModel):
+    model_config = _MODEL_CONFIG
+
+    name: str
+    note: str | None
+
+
+class UnverifiedItemEntry(BaseModel):
+    model_config = _MODEL_CONFIG
+
+    id: str
+    description: str | None
+    note: str | None
+
+
+class ValueGate(BaseModel):
+    """Gate 2 (provider and user checklists): what is missing, in what form."""
+
+    model_config = _MODEL_CONFIG
+
+    unknown_fields: list[UnknownFieldEntry]
+    unverified_checklist: list[UnverifiedItemEntry]
+    diag: dict[str, JsonValue] | None = Field(default=None, alias="_diag")
+
+    @model_serializer(mode="wrap")
+    def _serialize(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return _drop_none(handler(self), ("_diag",))
+
+
+class IntentGate(BaseModel):
+    """C1/C2 could not be settled: ask the user to restate, or hold once the ceiling is reached."""
+
+    model_config = _MODEL_CONFIG
+
+    kind: Literal["intent_undetermined", "intent_undetermined_exhausted"]
+    user_message: str
+    intent_fingerprint: str
+    next_intent_attempt: int | None
+    diag: dict[str, JsonValue] = Field(alias="_diag")
+
+
+class ToolGate(BaseModel):
+    """The selected tool was not confirmed for what the user asked."""
+
+    model_config = _MODEL_CONFIG
+
+    kind: Literal["tool_undetermined", "tool_undetermined_exhausted"]
+    user_message: str
+    next_tool_attempt: int | None
+    diag: dict[str, JsonValue] = Field(alias="_diag")
+
+
+class DefinitionGate(BaseModel):
+    """The confirmed tool's definition is incomplete (its input schema never arrived).
+
+    An action-definition gap, not a pass: no question to the user can supply a schema.
+    """
+
+    model_config = _MODEL_CONFIG
+
+    kind: Literal["tool_definition_incomplete"]
+    user_message: str
+    diag: dict[str, JsonValue] = Field(alias="_diag")
+
+
+def _gate_tag(value: Any) -> str:
+    kind = value.get("kind") if isinstance(value, dict) else getattr(value, "kind", None)
+    if kind in ("intent_undetermined", "intent_undetermined_exhausted"):
+        return "intent"
+    if kind in ("tool_undetermined", "tool_undetermined_exhausted"):
+        return "tool"
+    if kind == "tool_definition_incomplete":
+        return "definition"
+    return "value"
+
+
+Gate = Annotated[
+    Annotated[ValueGate, Tag("value")]
+    | Annotated[IntentGate, Tag("intent")]
+    | Annotated[ToolGate, Tag("tool")]
+    | Annotated[DefinitionGate, Tag("definition")],
+    Discriminator(_gate_tag),
+]
+
+
+class RunRef(BaseModel):
+    """Where a record came from in the event log; carried privately, never part of the record shape."""
+
+    model_config = ConfigDict(frozen=True)
+
+    run_id: str
+    last_hash: str
+    next_seq: int
+    decision_id: str | None = None
+    arguments_digest: str | None = None
+
+
+class ExecutionRecord(BaseModel):
+    """A run's record. Append-only under `action_key`; only `executed` is ever a baseline."""
+
+    model_config = _MODEL_CONFIG
+
+    schema_version: str = RECORD_SCHEMA_VERSION
+    action_key: str | None
+    phase: Phase | None
+    fixed: Fixed | None
+    fields: list[FieldRecord] | None
+    advisory_notes: str
+    user_checklist: list[JsonValue]
+    unknown_count: int | None
+    unverified_checklist_count: int | None
+    gate: Gate | None
+    execution_decision: Decision
+    reason: str
+    timestamp: str
+    deferred_input: dict[str, JsonValue] | None = None
+
+    _run: RunRef | None = PrivateAttr(default=None)
+
+    @model_serializer(mode="wrap")
+    def _serialize(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return _drop_none(handler(self), ("deferred_input",))
+
+    @property
+    def run_ref(self) -> RunRef | None:
+        """The event-log position of this record, when the engine or a baseline reader knows it."""
+        return self._run
+
+    def with_run_ref(self, ref: RunRef | None) -> ExecutionRecord:
+        """A copy of this record that carries `ref` (records are frozen)."""
+        copy = self.model_copy()
+        copy._run = ref
+        return copy
+
+    @property
+    def storage_key(self) -> str:
+        return self.action_key if self.action_key is not None else UNKEYED_RECORD_KEY
+
+    def known_field(self, name: str) -> FieldRecord | None:
+        """The field `name` if this record has it `known`."""
+        for field in self.fields or ():
+            if field.name == name and field.status == "known":
+                return field
+        return None
