@@ -9,6 +9,7 @@ this instance recorded with decision `execute`, calls the tool once and records 
 from __future__ import annotations
 
 import uuid
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -19,7 +20,7 @@ from pydantic import ValidationError
 from preflight.emit import outcome_event, run_events
 from preflight.engine import Decided, backstop, decide, invalid_input, started_summary, validate_tool
 from preflight.errors import ConstructionError, RecordingError
-from preflight.events import PreflightEvent
+from preflight.events import PreflightEvent, digest
 from preflight.hooks import ALL_HOOKS, DEFAULT_HOOKS, REQUIRED_HOOKS, UNSAFE_DEFAULT_HOOKS, Hook, call
 from preflight.inputs import PreflightInput
 from preflight.ports import EventSink, Storage
@@ -27,11 +28,13 @@ from preflight.records import ExecutionRecord
 from preflight.testing import MemoryEventSink
 
 CallTool = Callable[[str, dict[str, Any]], Any]
+RECENT_RUNS = 100_000
+PENDING_EXECUTIONS = 100_000
 
 
 def utc_now() -> str:
     """ISO 8601 UTC with milliseconds and a Z, as the seed's records show."""
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 @dataclass(frozen=True)
@@ -61,13 +64,14 @@ class Preflight:
         self.sink = sink
         self._clock = clock
         self.unsafe_defaults = unsafe_defaults
-        self._events: dict[str, list[PreflightEvent]] = {}
-        self._recorded: set[str] = set()
-        self._executable: set[str] = set()
+        # Bounded memory: recent recorded runs (for idempotent re-recording) and the `execute`
+        # decisions not yet acted on, each with the digest of the record as it was recorded.
+        self._recorded: BoundedSet = BoundedSet(RECENT_RUNS)
+        self._executable: OrderedDict[str, str] = OrderedDict()
 
     # ---- deciding ----------------------------------------------------------------------------------
 
-    async def run(self, input: Any) -> ExecutionRecord:  # noqa: A002 - the spec's name
+    async def run(self, input: Any) -> ExecutionRecord:
         """Decide one run. Never raises for bad input or failing hooks: those are recorded holds."""
         decided = await self._decide(input)
         run_id = str(uuid.uuid4())
@@ -81,8 +85,7 @@ class Preflight:
             events, ref = run_events(
                 decided, run_id=run_id, user_id=user_id, agent_id=agent_id, clock=self._clock, new_id=_new_id
             )
-        self._events[run_id] = events
-        return decided.record.with_run_ref(ref)
+        return decided.record.with_run_ref(ref, tuple(events))
 
     async def _decide(self, raw: Any) -> Decided:
         try:
@@ -105,9 +108,8 @@ class Preflight:
     # ---- recording ---------------------------------------------------------------------------------
 
     def events_of(self, state: ExecutionRecord) -> list[PreflightEvent]:
-        """The events this instance built for `state`'s run (empty for a state it did not build)."""
-        ref = state.run_ref
-        return list(self._events.get(ref.run_id, [])) if ref is not None else []
+        """The events an engine built for `state`'s run (empty for a state no engine built)."""
+        return list(state.run_events)
 
     async def record(self, state: ExecutionRecord) -> ExecutionRecord:
         """Publish the run's events, then append its record. Idempotent for the same run.
@@ -115,11 +117,11 @@ class Preflight:
         Raises `RecordingError` when either cannot be made durable: no record, no execution.
         """
         ref = state.run_ref
-        if ref is None or ref.run_id not in self._events:
-            raise RecordingError("this state was not produced by this preflight's run(); refusing to record it")
+        events = list(state.run_events)
+        if ref is None or not events or events[0].run_id != ref.run_id:
+            raise RecordingError("this state was not produced by a preflight run(); refusing to record it")
         if ref.run_id in self._recorded:
             return state
-        events = self._events[ref.run_id]
         try:
             await self.sink.publish(events)
         except Exception as exc:
@@ -130,10 +132,12 @@ class Preflight:
             raise RecordingError(f"the run's record could not be stored: {exc}") from exc
         self._recorded.add(ref.run_id)
         if state.execution_decision == "execute":
-            self._executable.add(ref.run_id)
+            self._executable[ref.run_id] = _record_digest(state)
+            while len(self._executable) > PENDING_EXECUTIONS:
+                self._executable.popitem(last=False)
         return state
 
-    async def run_and_record(self, input: Any) -> ExecutionRecord:  # noqa: A002
+    async def run_and_record(self, input: Any) -> ExecutionRecord:
         """`run` then `record`, as a pair, so nothing goes unrecorded."""
         return await self.record(await self.run(input))
 
@@ -153,7 +157,7 @@ class Preflight:
             return ExecutionOutcome(status="held", state=state, reason=refusal)
         ref = state.run_ref
         assert ref is not None and state.fields is not None and state.fixed is not None
-        self._executable.discard(ref.run_id)  # consumed before the call: a second call is a replay
+        del self._executable[ref.run_id]  # consumed before the call: a second call is a replay
 
         arguments = {f.name: f.value for f in state.fields}
         result: Any = None
@@ -170,8 +174,8 @@ class Preflight:
                 "timestamp": self._clock(),
             }
         )
-        events = self._events.get(ref.run_id, [])
-        user_id, agent_id = (events[0].user_id, events[0].agent_id) if events else (None, None)
+        events = list(state.run_events)
+        user_id, agent_id = events[0].user_id, events[0].agent_id
         event = outcome_event(
             state,
             ref,
@@ -183,9 +187,15 @@ class Preflight:
             clock=self._clock,
             new_id=_new_id,
         )
-        final = final.with_run_ref(ref.model_copy(update={"last_hash": event.hash, "next_seq": ref.next_seq + 1}))
+        final = final.with_run_ref(
+            ref.model_copy(update={"last_hash": event.hash, "next_seq": ref.next_seq + 1}), (*events, event)
+        )
         outcome = ExecutionOutcome(
-            status="executed" if error is None else "failed", state=final, result=result, error=error, reason=suffix
+            status="executed" if error is None else "failed",
+            state=final,
+            result=result,
+            error=error,
+            reason=suffix,
         )
         try:
             await self.sink.publish([event])
@@ -195,7 +205,6 @@ class Preflight:
                 f"the tool was called ({outcome.status}) but the outcome could not be recorded: {exc}",
                 outcome,
             ) from exc
-        self._events[ref.run_id] = [*events, event]
         return outcome
 
     def _refusal(self, state: Any, tool: Any) -> str | None:
@@ -206,10 +215,10 @@ class Preflight:
         ref = state.run_ref
         if ref is None or ref.run_id not in self._recorded:
             return "this state was not recorded by this preflight"
-        if ref.run_id not in self._executable:
-            return "this decision was already acted on"
-        recorded_events = self._events.get(ref.run_id, [])
-        if not recorded_events or state != _rebuilt(recorded_events):
+        recorded_digest = self._executable.get(ref.run_id)
+        if recorded_digest is None:
+            return "this decision was already acted on (or is no longer pending)"
+        if _record_digest(state) != recorded_digest or not state.run_events:
             return "this state differs from the decision that was recorded"
         try:
             name = validate_tool(tool).name
@@ -221,10 +230,25 @@ class Preflight:
         return None
 
 
-def _rebuilt(events: list[PreflightEvent]) -> ExecutionRecord:
-    from preflight.emit import rebuild_record
+def _record_digest(state: ExecutionRecord) -> str:
+    return digest(state.model_dump(mode="json"))
 
-    return rebuild_record(events)
+
+class BoundedSet:
+    """A set that forgets its oldest members beyond `limit`."""
+
+    def __init__(self, limit: int) -> None:
+        self._items: OrderedDict[str, None] = OrderedDict()
+        self._limit = limit
+
+    def add(self, item: str) -> None:
+        self._items[item] = None
+        self._items.move_to_end(item)
+        while len(self._items) > self._limit:
+            self._items.popitem(last=False)
+
+    def __contains__(self, item: object) -> bool:
+        return item in self._items
 
 
 def _ids(raw: Any) -> tuple[str | None, str | None]:
@@ -264,8 +288,10 @@ def create_preflight(
     missing = [n for n in REQUIRED_HOOKS if n not in given]
     if missing:
         raise ConstructionError(f"required hook(s) missing: {', '.join(missing)}")
-    if storage is None or not callable(getattr(storage, "persist", None)) or not callable(
-        getattr(storage, "load", None)
+    if (
+        storage is None
+        or not callable(getattr(storage, "persist", None))
+        or not callable(getattr(storage, "load", None))
     ):
         raise ConstructionError("storage with async persist(key, record) and load(key) is required")
     if sink is not None and not callable(getattr(sink, "publish", None)):

@@ -16,12 +16,11 @@ from preflight.events import (
     GENESIS_HASH,
     ChecklistItemVerified,
     Envelope,
+    Executed,
     ExecutionApproved,
     ExecutionFailed,
-    Executed,
     FieldResolved,
     FixedChecklistResolved,
-    GateBlocked,
     PreflightEvent,
     RunClosed,
     RunDeferred,
@@ -33,7 +32,11 @@ from preflight.events import (
 )
 from preflight.records import ExecutionRecord, RunRef
 
-_GATELESS_KIND = {"input": "invalid_input", "checklist_ids": "checklist_id_missing", "backstop": "preflight_error"}
+_GATELESS_KIND = {
+    "input": "invalid_input",
+    "checklist_ids": "checklist_id_missing",
+    "backstop": "preflight_error",
+}
 
 
 class _Chain:
@@ -85,7 +88,9 @@ def run_events(
         chain.add("tool_match_decided", **trace.tool_match)
     for resolved in trace.fields:
         chain.add(
-            "field_resolved", field=resolved.field.model_dump(mode="json"), evidence=resolved.evidence.as_json()
+            "field_resolved",
+            field=resolved.field.model_dump(mode="json"),
+            evidence=resolved.evidence.as_json(),
         )
     for index, item in trace.checklist:
         chain.add("checklist_item_verified", index=index, item=item)
@@ -267,4 +272,4 @@ def rebuild_record(events: Sequence[Envelope], *, verify: bool = True) -> Execut
         data["execution_decision"] = "executed" if tail.event_type == "executed" else "failed"
         data["reason"] = tail.reason
         data["timestamp"] = tail.timestamp
-    return ExecutionRecord.model_validate(data).with_run_ref(ref)
+    return ExecutionRecord.model_validate(data).with_run_ref(ref, tuple(ordered))

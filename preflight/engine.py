@@ -191,9 +191,7 @@ def _c2_fallback(fixed_pre_set: Mapping[str, Any]) -> str | None:
     return None
 
 
-async def _settle_fixed(
-    hooks: Mapping[str, Hook], inp: PreflightInput
-) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+async def _settle_fixed(hooks: Mapping[str, Hook], inp: PreflightInput) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     issues: list[dict[str, Any]] = []
     c1: Any = None
     try:
@@ -317,8 +315,7 @@ async def decide(
             unverified_checklist_count=None,
             gate=gate,
             execution_decision=decision,
-            reason=f"{decision}: intent undetermined ({slots}), attempt {intent_attempt} of "
-            f"{INTENT_ATTEMPT_LIMIT}",
+            reason=f"{decision}: intent undetermined ({slots}), attempt {intent_attempt} of {INTENT_ATTEMPT_LIMIT}",
             timestamp=clock(),
         )
         trace.gate_name, trace.gap_class = "intent", "instruction_gap"
@@ -423,9 +420,7 @@ async def decide(
         phase=phase,
         field_schemas=dict(inp.tool.input_schema.properties) if inp.tool.input_schema else {},
     )
-    baseline = BaselineReader(
-        inp.prior_execution_state, inp.prior_state_given, lambda: load_baseline(action_key)
-    )
+    baseline = BaselineReader(inp.prior_execution_state, inp.prior_state_given, lambda: load_baseline(action_key))
     for name in names:
         trace.fields.append(await settle_field(name, ctx, hooks, baseline, clock()))
     fields = [r.field for r in trace.fields]
@@ -496,7 +491,7 @@ async def decide(
 
     # Step 8: at trigger time, verify the user checklist. Incoming status is never trusted.
     verified_items: list[dict[str, Any]] = []
-    for index, item in enumerate(checklist):
+    for item in checklist:
         offered = {k: v for k, v in item.items() if k != "status"}
         try:
             out = await call(hooks["verify_user_checklist_item"], offered, ctx)

@@ -14,7 +14,7 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from preflight.errors import ChainError, EventDecodeError
 from preflight.records import UNKEYED_RECORD_KEY
@@ -64,19 +64,19 @@ class RunStarted(Envelope):
     tool_name: str | None
     tool_digest: str | None
     has_input_schema: bool | None
-    instruction_segments: list[dict[str, JsonValue]] | None
+    instruction_segments: list[dict[str, Any]] | None
     intent_fingerprint: str | None
     intent_attempt: int
     tool_attempt: int
-    user_checklist: list[JsonValue]
+    user_checklist: list[Any]
 
 
 class FixedChecklistResolved(Envelope):
     """C1, C2 and C3 as settled (unsettled slots null), with the issues that blocked any of them."""
 
     event_type: Literal["fixed_checklist_resolved"] = "fixed_checklist_resolved"
-    fixed: dict[str, JsonValue]
-    issues: list[dict[str, JsonValue]]
+    fixed: dict[str, Any]
+    issues: list[dict[str, Any]]
 
 
 class ToolMatchDecided(Envelope):
@@ -93,8 +93,8 @@ class FieldResolved(Envelope):
     """One required field: the record's entry plus the evidence of where the value was read."""
 
     event_type: Literal["field_resolved"] = "field_resolved"
-    field: dict[str, JsonValue]
-    evidence: dict[str, JsonValue]
+    field: dict[str, Any]
+    evidence: dict[str, Any]
 
 
 class ChecklistItemVerified(Envelope):
@@ -102,7 +102,7 @@ class ChecklistItemVerified(Envelope):
 
     event_type: Literal["checklist_item_verified"] = "checklist_item_verified"
     index: int
-    item: dict[str, JsonValue]
+    item: dict[str, Any]
 
 
 class GateBlocked(Envelope):
@@ -115,7 +115,7 @@ class GateBlocked(Envelope):
     gap_class: GapClass
     unknown_fields: list[str]
     unverified_items: list[str]
-    gate: dict[str, JsonValue] | None
+    gate: dict[str, Any] | None
 
 
 class RunDeferred(Envelope):
@@ -123,7 +123,7 @@ class RunDeferred(Envelope):
 
     event_type: Literal["run_deferred"] = "run_deferred"
     pending_fields: list[str]
-    deferred_input: dict[str, JsonValue]
+    deferred_input: dict[str, Any]
 
 
 class ExecutionApproved(Envelope):
@@ -133,7 +133,7 @@ class ExecutionApproved(Envelope):
     decision_id: str
     tool_name: str
     arguments_digest: str
-    gate: dict[str, JsonValue]
+    gate: dict[str, Any]
 
 
 class RunClosed(Envelope):
@@ -143,7 +143,7 @@ class RunClosed(Envelope):
     decision: Literal["execute", "ask_user", "hold", "deferred"]
     event_count: int
     last_hash: str
-    record: dict[str, JsonValue]
+    record: dict[str, Any]
 
 
 class Executed(Envelope):
@@ -228,10 +228,13 @@ def content_hash(prev_hash: str, body: Mapping[str, Any]) -> str:
 
 
 def seal(body: dict[str, Any]) -> PreflightEvent:
-    """Build an event from `body` (all fields but `hash`), computing its chain hash."""
-    draft = EVENT_ADAPTER.validate_python({**body, "hash": ""})
-    sealed: PreflightEvent = draft.model_copy(update={"hash": content_hash(draft.prev_hash, event_body(draft))})
-    return sealed
+    """Build an event from `body` (every field but `hash`, as JSON values), computing its chain hash.
+
+    The hash is computed over `body` itself; `verify_event_hash` recomputes it over the model's JSON
+    dump, so a body that does not round-trip exactly yields an event that fails verification (the
+    property tests hold this)."""
+    body = {"schema_version": EVENT_SCHEMA_VERSION, **body}
+    return EVENT_ADAPTER.validate_python({**body, "hash": content_hash(body["prev_hash"], body)})
 
 
 def event_body(event: Envelope) -> dict[str, Any]:
@@ -301,9 +304,10 @@ def verify_run(events: Iterable[Envelope], *, require_closed: bool = True) -> No
             raise ChainError(f"{where}: prev_hash does not link to the previous event")
         if not verify_event_hash(event):
             raise ChainError(f"{where}: hash does not match its content")
-        if closed is not None:
-            if position != closed.event_count or getattr(event, "event_type", None) not in TAIL_EVENT_TYPES:
-                raise ChainError(f"{where}: event after run_closed")
+        if closed is not None and (
+            position != closed.event_count or getattr(event, "event_type", None) not in TAIL_EVENT_TYPES
+        ):
+            raise ChainError(f"{where}: event after run_closed")
         if isinstance(event, RunClosed):
             if event.event_count != position + 1 or event.last_hash != event.prev_hash:
                 raise ChainError(f"{where}: closing count or last hash does not match the run")

@@ -18,9 +18,7 @@ _DROPPED_CATEGORIES = ("P", "S", "Z")
 def normalise(text: str) -> str:
     folded = unicodedata.normalize("NFKC", text).lower()
     return "".join(
-        ch
-        for ch in folded
-        if not ch.isspace() and not unicodedata.category(ch).startswith(_DROPPED_CATEGORIES)
+        ch for ch in folded if not ch.isspace() and not unicodedata.category(ch).startswith(_DROPPED_CATEGORIES)
     )
 
 

@@ -49,9 +49,7 @@ class Tool(BaseModel):
 
     name: str = Field(min_length=1)
     description: str | None = None
-    input_schema: InputSchema | None = Field(
-        default=None, validation_alias=AliasChoices("input_schema", "inputSchema")
-    )
+    input_schema: InputSchema | None = Field(default=None, validation_alias=AliasChoices("input_schema", "inputSchema"))
     annotations: dict[str, JsonValue] | None = None
 
 

@@ -141,9 +141,7 @@ async def lookup_field(
             segment = ctx.instruction[index]
             span = _span_ok(read(found, "span", None), segment.text)
             if segment.trust == "user" and span is not None:
-                evidence = Evidence(
-                    tier="instruction", segment_index=index, span=span, segment_origin=segment.origin
-                )
+                evidence = Evidence(tier="instruction", segment_index=index, span=span, segment_origin=segment.origin)
                 return _known(name, value, "instruction", at, evidence)
 
     # Tier 2: a value set in advance, only inside a wrapper whose trust is "user".
@@ -199,9 +197,7 @@ def _known(name: str, value: Any, source: Any, at: str, evidence: Evidence) -> R
     if not ok:
         note = f"value from {source} cannot be recorded (not a JSON value)"
         return Resolved(_unknown(name, at, note=note), evidence)
-    record = FieldRecord(
-        name=name, value=value, status="known", source=source, origin_source=source, resolved_at=at
-    )
+    record = FieldRecord(name=name, value=value, status="known", source=source, origin_source=source, resolved_at=at)
     return Resolved(record, evidence)
 
 
@@ -287,4 +283,3 @@ async def _apply_policy(record: FieldRecord, ctx: LookupContext, hooks: Mapping[
     if not same:
         return _demote(record, "field policy changed the value or its source")
     return record.model_copy(update={"pending_at_trigger": pending, "note": note})
-

@@ -219,6 +219,7 @@ class ExecutionRecord(BaseModel):
     deferred_input: dict[str, JsonValue] | None = None
 
     _run: RunRef | None = PrivateAttr(default=None)
+    _events: tuple[Any, ...] = PrivateAttr(default=())
 
     @model_serializer(mode="wrap")
     def _serialize(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
@@ -229,11 +230,18 @@ class ExecutionRecord(BaseModel):
         """The event-log position of this record, when the engine or a baseline reader knows it."""
         return self._run
 
-    def with_run_ref(self, ref: RunRef | None) -> ExecutionRecord:
-        """A copy of this record that carries `ref` (records are frozen)."""
+    def with_run_ref(self, ref: RunRef | None, events: tuple[Any, ...] | None = None) -> ExecutionRecord:
+        """A copy of this record that carries `ref` (and the run's events, when given)."""
         copy = self.model_copy()
         copy._run = ref
+        if events is not None:
+            copy._events = events
         return copy
+
+    @property
+    def run_events(self) -> tuple[Any, ...]:
+        """The events of this record's run, as the engine that decided it built them (else empty)."""
+        return self._events
 
     @property
     def storage_key(self) -> str:

@@ -1,0 +1,220 @@
+"""Which broker the tests and the demo use, and the topic helpers every user of a broker needs.
+
+One environment variable, ``PREFLIGHT_BROKER``, chooses the broker:
+
+* unset, empty or ``embedded`` -- an :class:`~infra.embedded.EmbeddedBroker` (Tansu, memory only);
+* ``kafka`` -- an :class:`~infra.kafka.ApacheKafkaBroker` (KRaft, one node);
+* anything else -- the bootstrap address (``host:port[,host:port...]``) of a broker that is already
+  running: nothing is started or stopped, it is only checked to answer.
+
+Topics are always created explicitly (:func:`create_topics`): Tansu gives an implicitly created topic 4
+partitions, and the Apache Kafka broker here does not create topics implicitly at all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+from collections.abc import Iterable, Mapping
+from types import TracebackType
+from typing import Any, Protocol, Self
+
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.client import AIOKafkaClient
+from aiokafka.protocol.metadata import MetadataRequest
+
+from infra._process import wait_until_answering
+from infra.errors import BrokerConfigError, TopicAdminError
+
+#: The one environment variable that picks the broker.
+ENV_VAR = "PREFLIGHT_BROKER"
+
+_ADDRESS = re.compile(r"^[A-Za-z0-9_.\-]+:\d{1,5}$|^\[[0-9A-Fa-f:]+\]:\d{1,5}$")
+
+# Kafka error codes the topic helpers treat as success.
+_UNKNOWN_TOPIC_OR_PARTITION = 3
+_TOPIC_ALREADY_EXISTS = 36
+
+
+class Broker(Protocol):
+    """What a test or the demo needs of a broker: its address, and a ``with`` block around its life."""
+
+    @property
+    def bootstrap_servers(self) -> str:
+        """The ``host:port`` clients bootstrap from."""
+        ...
+
+    def __enter__(self) -> Broker: ...
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None: ...
+
+
+class ExternalBroker:
+    """A broker somebody else runs: entering checks (bounded) that it answers; nothing is stopped."""
+
+    def __init__(self, bootstrap_servers: str, *, timeout_s: float = 30.0) -> None:
+        entries = [entry.strip() for entry in bootstrap_servers.split(",")]
+        bad = [entry for entry in entries if not _ADDRESS.match(entry)]
+        if bad:
+            raise BrokerConfigError(
+                f"{ENV_VAR}={bootstrap_servers!r}: expected 'embedded', 'kafka' or host:port[,host:port...];"
+                f" not an address: {', '.join(repr(entry) for entry in bad)}"
+            )
+        self._bootstrap_servers = ",".join(entries)
+        self._timeout = timeout_s
+
+    @property
+    def bootstrap_servers(self) -> str:
+        """The address as given (whitespace trimmed)."""
+        return self._bootstrap_servers
+
+    def start(self) -> Self:
+        """Wait (bounded) until the broker answers a metadata request.
+
+        :raises BrokerStartError: when it does not answer within the timeout.
+        """
+        wait_until_answering(
+            self._bootstrap_servers, timeout=self._timeout, what=f"the broker at {self._bootstrap_servers}"
+        )
+        return self
+
+    def stop(self) -> None:
+        """Nothing to do: the broker is not ours."""
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"ExternalBroker({self._bootstrap_servers})"
+
+
+def broker_from_env(environ: Mapping[str, str] | None = None) -> Broker:
+    """The broker chosen by ``PREFLIGHT_BROKER`` (see the module doc), not yet started: use it in ``with``.
+
+    :param environ: the environment to read (default: ``os.environ``).
+    :raises BrokerConfigError: when the value is neither a broker kind nor an address.
+    """
+    value = (os.environ if environ is None else environ).get(ENV_VAR, "").strip()
+    kind = value.lower()
+    if kind in ("", "embedded"):
+        from infra.embedded import EmbeddedBroker
+
+        return EmbeddedBroker()
+    if kind == "kafka":
+        from infra.kafka import ApacheKafkaBroker
+
+        return ApacheKafkaBroker()
+    return ExternalBroker(value)
+
+
+async def _metadata(client: Any) -> dict[str, dict[str, Any]]:
+    """All topics the broker lists, by name (a request for all topics never creates one implicitly)."""
+    response = await client.send(client.get_random_node(), MetadataRequest(None))
+    topics: list[dict[str, Any]] = response.to_object()["topics"]
+    return {topic["topic"]: topic for topic in topics}
+
+
+def _ready(topic: dict[str, Any]) -> bool:
+    partitions: list[dict[str, Any]] = topic["partitions"]
+    return topic["error_code"] == 0 and bool(partitions) and all(p["leader"] >= 0 for p in partitions)
+
+
+async def create_topics(
+    bootstrap: str,
+    names: Iterable[str],
+    partitions: int = 1,
+    config: Mapping[str, str] | None = None,
+    *,
+    replication_factor: int = 1,
+    timeout_s: float = 30.0,
+) -> None:
+    """Create the topics, and return once every partition of each has a leader.
+
+    Idempotent: a topic that already exists with ``partitions`` partitions is fine (its config is left
+    as it is).
+
+    :raises TopicAdminError: when the broker refuses a topic, an existing one has another partition
+        count, or the topics are not ready within ``timeout_s`` s.
+    """
+    wanted = list(dict.fromkeys(names))
+    if not wanted:
+        return
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000))
+    client = AIOKafkaClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000))
+    try:
+        async with asyncio.timeout(timeout_s):
+            await admin.start()
+            await client.bootstrap()
+            new_topics = [
+                NewTopic(name, partitions, replication_factor, topic_configs=dict(config or {})) for name in wanted
+            ]
+            response = await admin.create_topics(new_topics, timeout_ms=int(timeout_s * 1000))
+            existing: set[str] = set()
+            for result in response.to_object()["topic_errors"]:
+                code: int = result["error_code"]
+                if code == _TOPIC_ALREADY_EXISTS:
+                    existing.add(result["topic"])
+                elif code != 0:
+                    raise TopicAdminError(
+                        f"creating topic {result['topic']!r} failed: error {code} {result.get('error_message')}"
+                    )
+            while True:
+                listed = await _metadata(client)
+                for name in existing & listed.keys():
+                    count = len(listed[name]["partitions"])
+                    if count != partitions:
+                        raise TopicAdminError(
+                            f"topic {name!r} already exists with {count} partitions, not {partitions}"
+                        )
+                if all(name in listed and _ready(listed[name]) for name in wanted):
+                    return
+                await asyncio.sleep(0.1)
+    except TimeoutError as exc:
+        raise TopicAdminError(f"topics {wanted} were not ready within {timeout_s:g} s") from exc
+    finally:
+        await client.close()
+        await admin.close()
+
+
+async def delete_topics(bootstrap: str, names: Iterable[str], *, timeout_s: float = 30.0) -> None:
+    """Delete the topics, and return once the broker no longer lists them. A missing topic is fine.
+
+    :raises TopicAdminError: when the broker refuses, or still lists a topic after ``timeout_s`` s.
+    """
+    wanted = list(dict.fromkeys(names))
+    if not wanted:
+        return
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000))
+    client = AIOKafkaClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000))
+    try:
+        async with asyncio.timeout(timeout_s):
+            await admin.start()
+            await client.bootstrap()
+            response = await admin.delete_topics(wanted, timeout_ms=int(timeout_s * 1000))
+            for result in response.to_object()["topic_error_codes"]:
+                code: int = result["error_code"]
+                if code not in (0, _UNKNOWN_TOPIC_OR_PARTITION):
+                    raise TopicAdminError(f"deleting topic {result['topic']!r} failed: error {code}")
+            while True:  # deletion completes asynchronously in Kafka: poll the metadata
+                if not (await _metadata(client)).keys() & set(wanted):
+                    return
+                await asyncio.sleep(0.1)
+    except TimeoutError as exc:
+        raise TopicAdminError(f"topics {wanted} were still listed after {timeout_s:g} s") from exc
+    finally:
+        await client.close()
+        await admin.close()

@@ -1,0 +1,421 @@
+"""The Apache Kafka broker: one KRaft node (broker and controller in one JVM) on loopback ports.
+
+:func:`ensure_kafka_jars` runs Maven once on ``infra/apache-kafka/pom.xml`` to fetch the broker's jars into
+``infra/apache-kafka/lib/`` (git-ignored; fetched again when the pom changes). :class:`ApacheKafkaBroker`
+writes ``server.properties``, formats the storage the first time, starts ``kafka.Kafka`` with a bounded
+heap and its log in a file, waits (bounded) until it answers, and stops it cleanly. Its data directory
+survives :meth:`ApacheKafkaBroker.restart`, and survives :meth:`~ApacheKafkaBroker.stop` too when the
+caller passed it. ``python -m infra.kafka`` runs one by hand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+from infra._process import (
+    LOOPBACK,
+    LoggedProcess,
+    address_in_use,
+    free_port,
+    log_tail,
+    track,
+    untrack,
+    wait_for_signal,
+    wait_until_answering,
+)
+from infra.errors import (
+    BrokerStartError,
+    BrokerStateError,
+    DependencyFetchError,
+    ToolNotFoundError,
+)
+
+#: Where the pom lives, and (by default) where its jars are copied.
+KAFKA_DIR = Path(__file__).resolve().parent / "apache-kafka"
+POM_PATH = KAFKA_DIR / "pom.xml"
+DEFAULT_LIB_DIR = KAFKA_DIR / "lib"
+
+#: Written into the lib dir after a complete copy: the pom's digest, so a changed pom fetches again.
+_STAMP = ".pom.sha256"
+
+#: Attempts with fresh ports when one picked was taken in between (first start only).
+_PORT_ATTEMPTS = 3
+
+_LOG4J2_XML = """<?xml version="1.0" encoding="UTF-8"?>
+<!-- Written by infra/kafka.py: everything to stdout, which the launcher appends to server.log. -->
+<Configuration status="warn">
+  <Appenders>
+    <Console name="stdout" target="SYSTEM_OUT">
+      <PatternLayout pattern="[%d] %p %m (%c)%n"/>
+    </Console>
+  </Appenders>
+  <Loggers>
+    <Root level="info"><AppenderRef ref="stdout"/></Root>
+    <Logger name="kafka.request.logger" level="warn"/>
+    <Logger name="state.change.logger" level="warn"/>
+    <Logger name="org.apache.kafka.clients" level="warn"/>
+  </Loggers>
+</Configuration>
+"""
+
+
+def _pom_digest() -> str:
+    return hashlib.sha256(POM_PATH.read_bytes()).hexdigest()
+
+
+def _which(tool: str, hint: str) -> str:
+    found = shutil.which(tool)
+    if found is None:
+        raise ToolNotFoundError(f"`{tool}` not found on PATH; {hint}")
+    return found
+
+
+def java_executable() -> str:
+    """Return the ``java`` to run the broker with: ``$JAVA_HOME/bin/java``, else ``java`` on ``PATH``.
+
+    :raises ToolNotFoundError: when there is none.
+    """
+    java_home = os.environ.get("JAVA_HOME")
+    if java_home:
+        candidate = Path(java_home) / "bin" / "java"
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return str(candidate)
+    return _which("java", "the Apache Kafka broker needs a Java 17+ runtime")
+
+
+def jars_present(lib_dir: Path = DEFAULT_LIB_DIR) -> bool:
+    """Whether ``lib_dir`` holds a complete copy of the jars the current pom names."""
+    stamp = lib_dir / _STAMP
+    return stamp.is_file() and stamp.read_text().strip() == _pom_digest()
+
+
+def ensure_kafka_jars(lib_dir: Path = DEFAULT_LIB_DIR, *, timeout: float = 900.0) -> Path:
+    """Make sure ``lib_dir`` holds the broker's jars; run Maven (bounded by ``timeout`` s) if not.
+
+    Maven copies into a sibling temporary directory that is renamed into place only when complete, so
+    an interrupted fetch never leaves a half-filled lib dir behind.
+
+    :raises ToolNotFoundError: when ``mvn`` is missing.
+    :raises DependencyFetchError: when Maven fails or runs out of time.
+    """
+    if jars_present(lib_dir):
+        return lib_dir
+    mvn = _which("mvn", "Maven fetches the Apache Kafka jars (apt-get install maven)")
+    lib_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{lib_dir.name}.", dir=lib_dir.parent))
+    try:
+        command = [
+            mvn,
+            "-q",
+            "-B",
+            "-f",
+            str(POM_PATH),
+            "dependency:copy-dependencies",
+            "-DincludeScope=runtime",
+            f"-DoutputDirectory={staging / 'jars'}",
+        ]
+        try:
+            result = subprocess.run(
+                command, capture_output=True, text=True, timeout=timeout, check=False, cwd=KAFKA_DIR
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise DependencyFetchError(f"Maven did not fetch the Kafka jars within {timeout:g} s") from exc
+        jars = staging / "jars"
+        if result.returncode != 0 or not any(jars.glob("kafka_2.13-*.jar")):
+            output = "\n".join((result.stdout + result.stderr).splitlines()[-40:])
+            raise DependencyFetchError(
+                f"Maven failed to fetch the Kafka jars (exit {result.returncode}): {' '.join(command)}\n{output}"
+            )
+        (jars / _STAMP).write_text(_pom_digest() + "\n")
+        if lib_dir.exists():
+            shutil.rmtree(lib_dir)
+        try:
+            jars.rename(lib_dir)
+        except OSError:
+            if not jars_present(lib_dir):  # a concurrent fetch did not win the race either
+                raise
+        return lib_dir
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def new_cluster_id() -> str:
+    """A Kafka cluster id: 16 random bytes, URL-safe base64 without padding, not starting with '-'."""
+    while True:
+        text = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode("ascii")
+        if not text.startswith("-"):
+            return text
+
+
+def server_properties(*, broker_port: int, controller_port: int, log_dirs: Path) -> str:
+    """The KRaft ``server.properties`` of a single combined broker+controller node on loopback."""
+    settings = {
+        "process.roles": "broker,controller",
+        "node.id": "1",
+        "controller.quorum.voters": f"1@{LOOPBACK}:{controller_port}",
+        "listeners": f"PLAINTEXT://{LOOPBACK}:{broker_port},CONTROLLER://{LOOPBACK}:{controller_port}",
+        "advertised.listeners": f"PLAINTEXT://{LOOPBACK}:{broker_port}",
+        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        "controller.listener.names": "CONTROLLER",
+        "inter.broker.listener.name": "PLAINTEXT",
+        "log.dirs": str(log_dirs),
+        "num.partitions": "1",
+        "default.replication.factor": "1",
+        "min.insync.replicas": "1",
+        "auto.create.topics.enable": "false",
+        "offsets.topic.replication.factor": "1",
+        "offsets.topic.num.partitions": "1",
+        "transaction.state.log.replication.factor": "1",
+        "transaction.state.log.min.isr": "1",
+        "transaction.state.log.num.partitions": "1",
+        "share.coordinator.state.topic.replication.factor": "1",
+        "share.coordinator.state.topic.min.isr": "1",
+        "group.initial.rebalance.delay.ms": "0",
+        # Two cores: keep the thread pools small.
+        "num.network.threads": "2",
+        "num.io.threads": "2",
+        "num.recovery.threads.per.data.dir": "1",
+        "background.threads": "2",
+    }
+    lines = ["# Written by infra/kafka.py; rewritten on every start."]
+    lines += [f"{key}={value}" for key, value in settings.items()]
+    return "\n".join(lines) + "\n"
+
+
+class ApacheKafkaBroker:
+    """An Apache Kafka KRaft node on two loopback ports (clients, controller), data in ``data_dir``.
+
+    ``data_dir`` holds ``server.properties``, ``log4j2.xml``, the partition logs (``kraft/``) and the
+    broker's own log (``server.log``). When not given, a temporary one is made and removed on
+    :meth:`stop`; one that is given is kept, and starting on it again keeps its data.
+    """
+
+    def __init__(
+        self,
+        data_dir: Path | None = None,
+        *,
+        lib_dir: Path = DEFAULT_LIB_DIR,
+        heap: str = "512m",
+        start_timeout: float = 90.0,
+        stop_timeout: float = 30.0,
+        fetch_timeout: float = 900.0,
+    ) -> None:
+        self._given_data_dir = data_dir
+        self._lib_dir = lib_dir
+        self._heap = heap
+        self._start_timeout = start_timeout
+        self._stop_timeout = stop_timeout
+        self._fetch_timeout = fetch_timeout
+        self._data_dir: Path | None = None
+        self._ports: tuple[int, int] | None = None
+        self._process: LoggedProcess | None = None
+
+    @property
+    def running(self) -> bool:
+        """Whether the broker process was started by us and is still alive."""
+        return self._process is not None and self._process.alive
+
+    @property
+    def bootstrap_servers(self) -> str:
+        """``"127.0.0.1:PORT"`` of the broker's client listener.
+
+        :raises BrokerStateError: when the broker is not started.
+        """
+        if self._process is None or self._ports is None:
+            raise BrokerStateError("the Apache Kafka broker is not started")
+        return f"{LOOPBACK}:{self._ports[0]}"
+
+    @property
+    def pid(self) -> int | None:
+        """The JVM's process id while started, else ``None``."""
+        return self._process.pid if self._process is not None else None
+
+    @property
+    def data_dir(self) -> Path | None:
+        """The data directory in use, or ``None`` before the first start."""
+        return self._data_dir
+
+    @property
+    def log_path(self) -> Path | None:
+        """The broker's log file (``server.log`` in the data dir), or ``None`` before the first start."""
+        return self._data_dir / "server.log" if self._data_dir is not None else None
+
+    def start(self) -> Self:
+        """Fetch the jars if needed, format storage the first time, start the broker, wait until it answers.
+
+        No-op when already started.
+
+        :raises ToolNotFoundError: when ``java`` or ``mvn`` is missing.
+        :raises DependencyFetchError: when Maven fails.
+        :raises BrokerStartError: when the broker exits or does not answer within ``start_timeout``.
+        """
+        if self._process is not None:
+            return self
+        lib_dir = ensure_kafka_jars(self._lib_dir, timeout=self._fetch_timeout)
+        java = java_executable()
+        if self._data_dir is None:
+            if self._given_data_dir is not None:
+                self._given_data_dir.mkdir(parents=True, exist_ok=True)
+                self._data_dir = self._given_data_dir.resolve()
+            else:
+                self._data_dir = Path(tempfile.mkdtemp(prefix="preflight-kafka-"))
+        try:
+            if self._ports is not None:  # a restart: the same ports, or the clients' address changes
+                self._launch(java, lib_dir, self._ports)
+                return self
+            for attempt in range(1, _PORT_ATTEMPTS + 1):
+                ports = (free_port(), free_port())
+                try:
+                    self._launch(java, lib_dir, ports)
+                except BrokerStartError as exc:
+                    if attempt < _PORT_ATTEMPTS and address_in_use(exc.log_tail):
+                        continue
+                    raise
+                self._ports = ports
+                return self
+        except BaseException:
+            self._forget_data_dir()
+            raise
+        raise AssertionError("unreachable: the last attempt returns or raises")  # pragma: no cover
+
+    def _launch(self, java: str, lib_dir: Path, ports: tuple[int, int]) -> None:
+        assert self._data_dir is not None
+        data_dir = self._data_dir
+        log_dirs = data_dir / "kraft"
+        properties = data_dir / "server.properties"
+        log4j = data_dir / "log4j2.xml"
+        properties.write_text(server_properties(broker_port=ports[0], controller_port=ports[1], log_dirs=log_dirs))
+        log4j.write_text(_LOG4J2_XML)
+        # Java expands the "lib/*" class path itself: no shell is involved.
+        jvm_options = [f"-Dlog4j2.configurationFile={log4j}", "-Djava.awt.headless=true", "-cp", str(lib_dir / "*")]
+        if not (log_dirs / "meta.properties").is_file():
+            self._format([java, "-Xmx256m", *jvm_options], properties)
+        command = [
+            java,
+            f"-Xmx{self._heap}",
+            "-XX:+UseG1GC",
+            "-XX:MaxGCPauseMillis=20",
+            *jvm_options,
+            "kafka.Kafka",
+            str(properties),
+        ]
+        process = LoggedProcess(command, data_dir / "server.log", cwd=data_dir)
+        try:
+            wait_until_answering(
+                f"{LOOPBACK}:{ports[0]}",
+                timeout=self._start_timeout,
+                what=f"Apache Kafka (pid {process.pid})",
+                process=process,
+            )
+        except BaseException:
+            process.stop(self._stop_timeout)
+            raise
+        self._process = process
+        track(self)
+
+    def _format(self, java_command: list[str], properties: Path) -> None:
+        """``kafka-storage.sh format``: write meta.properties and the bootstrap metadata, once."""
+        assert self._data_dir is not None
+        log_path = self._data_dir / "format.log"
+        command = [
+            *java_command,
+            "kafka.tools.StorageTool",
+            "format",
+            "--cluster-id",
+            new_cluster_id(),
+            "--config",
+            str(properties),
+        ]
+        with open(log_path, "ab") as log:
+            try:
+                result = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, timeout=120, check=False)
+            except subprocess.TimeoutExpired as exc:
+                raise BrokerStartError("formatting the KRaft storage took over 120 s", log_tail(log_path)) from exc
+        if result.returncode != 0:
+            raise BrokerStartError(
+                f"formatting the KRaft storage failed (exit {result.returncode})", log_tail(log_path)
+            )
+
+    def _stop_process(self) -> None:
+        process, self._process = self._process, None
+        if process is not None:
+            process.stop(self._stop_timeout)
+
+    def stop(self) -> None:
+        """Stop the broker (SIGTERM, then SIGKILL after ``stop_timeout``) and reap it.
+
+        A temporary data dir is removed; a data dir the caller gave is kept.
+        """
+        try:
+            self._stop_process()
+        finally:
+            self._forget_data_dir()
+            self._ports = None
+            untrack(self)
+
+    def restart(self) -> Self:
+        """Stop the broker and start it again on the same ports and data dir (its data is kept).
+
+        :raises BrokerStateError: when the broker was never started.
+        """
+        if self._ports is None or self._data_dir is None:
+            raise BrokerStateError("restart() needs a started broker")
+        self._stop_process()
+        return self.start()
+
+    def _forget_data_dir(self) -> None:
+        if self._data_dir is not None and self._given_data_dir is None:
+            shutil.rmtree(self._data_dir, ignore_errors=True)
+        self._data_dir = None
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        where = f"{LOOPBACK}:{self._ports[0]}" if self._ports is not None else "stopped"
+        return f"ApacheKafkaBroker({where})"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Start an Apache Kafka broker, print its address, run until interrupted, then stop it."""
+    parser = argparse.ArgumentParser(
+        prog="python -m infra.kafka", description="Run an Apache Kafka KRaft broker on loopback."
+    )
+    parser.add_argument("--data-dir", type=Path, default=None, help="keep data here (default: temporary)")
+    parser.add_argument("--heap", default="512m", help="JVM heap, e.g. 512m (default)")
+    args = parser.parse_args(argv)
+    began = time.monotonic()
+    with ApacheKafkaBroker(args.data_dir, heap=args.heap) as broker:
+        print(broker.bootstrap_servers, flush=True)
+        print(
+            f"Apache Kafka pid {broker.pid} up in {time.monotonic() - began:.1f} s, "
+            f"log {broker.log_path}; Ctrl-C to stop",
+            file=sys.stderr,
+            flush=True,
+        )
+        wait_for_signal()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

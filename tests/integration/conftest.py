@@ -1,0 +1,29 @@
+"""Fixtures for integration tests: one broker per test session (chosen by ``PREFLIGHT_BROKER``), fresh topics.
+
+The broker is started once for the session and always stopped at its end, also when tests fail; a run
+that is aborted hard still ends it at interpreter exit (see ``infra._process``).
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from infra.brokers import Broker, broker_from_env
+
+
+@pytest.fixture(scope="session")
+def broker() -> Iterator[Broker]:
+    """The session's running broker; ``.bootstrap_servers`` is its address."""
+    with broker_from_env() as running:
+        yield running
+
+
+@pytest.fixture
+def topic_name(request: pytest.FixtureRequest) -> str:
+    """A topic name no other test uses (the topic itself is not created)."""
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "-", request.node.name).strip("-")[:80]
+    return f"it.{stem}.{uuid.uuid4().hex[:12]}"
