@@ -319,3 +319,41 @@ def verify_run(events: Iterable[Envelope], *, require_closed: bool = True) -> No
 
 def kafka_key(events: Sequence[Envelope]) -> str:
     return events[0].kafka_key if events else UNKEYED_RECORD_KEY
+
+
+# ---- transport: one message per run --------------------------------------------------------------
+#
+# A message carries a whole run (seq 0 .. run_closed) or one tail event (executed / execution_failed),
+# as a JSON array of events. A run is therefore published atomically, and a consumer pays its
+# per-message cost once per run, not once per event.
+
+
+def encode_message(events: Sequence[Envelope]) -> bytes:
+    """The message value for `events` (one run, or one tail event): a JSON array."""
+    if not events:
+        raise ValueError("a message carries at least one event")
+    return b"[" + b",".join(encode_event(e) for e in events) + b"]"
+
+
+def message_headers(events: Sequence[Envelope]) -> list[tuple[str, bytes]]:
+    """Kafka headers: the last event's type, the schema version, the event count and the run id."""
+    last = events[-1]
+    return [
+        ("event_type", str(getattr(last, "event_type", "")).encode()),
+        ("schema_version", str(last.schema_version).encode()),
+        ("event_count", str(len(events)).encode()),
+        ("run_id", last.run_id.encode()),
+    ]
+
+
+def decode_message(data: bytes | None) -> list[Any]:
+    """The events of a message as JSON objects (not yet validated); `EventDecodeError` otherwise."""
+    if data is None:
+        raise EventDecodeError("tombstone: message has no value")
+    try:
+        raw = json.loads(bytes(data).decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise EventDecodeError(f"undecodable bytes: {exc}") from exc
+    if not isinstance(raw, list) or not raw:
+        raise EventDecodeError(f"message is a JSON {type(raw).__name__}, not a non-empty array of events")
+    return raw

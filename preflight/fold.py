@@ -1,0 +1,247 @@
+"""The fold: per-`action_key` state from the event log, and the executed-only baseline (SPEC §6).
+
+`evolve(state, message, position)` is a pure function. A message is what the transport carries: a
+whole run (its events from seq 0 to `run_closed`) or a run's tail (`executed` / `execution_failed`).
+Only an `executed` tail for a run whose closed decision was `execute`, with an intact chain, moves
+the baseline. Everything else that is wrong is an anomaly: the state does not change and the caller
+routes the message to the dead-letter topic with the reason.
+
+Idempotence does not depend on the consumer's offset commits: a message at or below the key's
+applied offset is a redelivery, and a run seen before with the same hashes (a producer retry at a
+new offset) is a duplicate. Either changes nothing.
+
+The state is a plain JSON-compatible dict so that a table can store it as is.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from preflight.emit import rebuild_record
+from preflight.errors import ChainError, EventDecodeError
+from preflight.events import (
+    EVENT_TYPES,
+    GENESIS_HASH,
+    SUPPORTED_EVENT_VERSIONS,
+    TAIL_EVENT_TYPES,
+    content_hash,
+    decode_event,
+)
+from preflight.records import UNKEYED_RECORD_KEY, ExecutionRecord, RunRef
+
+RECENT_RUNS_PER_KEY = 64
+AWAITING_RUNS_PER_KEY = 32
+DECISIONS = ("execute", "ask_user", "hold", "deferred")
+
+_ENVELOPE_TYPES: dict[str, type | tuple[type, ...]] = {
+    "event_id": str,
+    "event_type": str,
+    "schema_version": int,
+    "run_id": str,
+    "seq": int,
+    "prev_hash": str,
+    "hash": str,
+    "occurred_at": str,
+}
+
+
+@dataclass(frozen=True)
+class Position:
+    """Where a message was read: the source partition and offset."""
+
+    topic: str
+    partition: int
+    offset: int
+
+
+Outcome = Literal["applied", "duplicate", "anomaly"]
+
+
+@dataclass(frozen=True)
+class Folded:
+    state: dict[str, Any]
+    outcome: Outcome
+    reason: str | None = None
+    baseline_changed: bool = False
+
+
+def initial_state(action_key: str) -> dict[str, Any]:
+    return {
+        "action_key": action_key,
+        "partition": None,
+        "applied_offset": -1,
+        "counts": {"runs": 0, **{d: 0 for d in DECISIONS}, "executed": 0, "failed": 0, "duplicates": 0},
+        "awaiting": {},
+        "recent": {},
+        "baseline": None,
+    }
+
+
+def _anomaly(state: dict[str, Any], reason: str) -> Folded:
+    return Folded(state, "anomaly", reason)
+
+
+def check_shape(event: Any) -> str | None:
+    """A cheap structural check of one decoded event (type, version, envelope); None if it passes."""
+    if not isinstance(event, Mapping):
+        return f"event is a JSON {type(event).__name__}, not an object"
+    event_type = event.get("event_type")
+    if event_type not in EVENT_TYPES:
+        return f"unknown event_type: {event_type!r}"
+    if event.get("schema_version") not in SUPPORTED_EVENT_VERSIONS:
+        return f"unsupported schema_version {event.get('schema_version')!r} for {event_type}"
+    for key, kind in _ENVELOPE_TYPES.items():
+        value = event.get(key)
+        if not isinstance(value, kind) or isinstance(value, bool):
+            return f"{event_type}: missing or mistyped {key}"
+    if not (event.get("action_key") is None or isinstance(event.get("action_key"), str)):
+        return f"{event_type}: mistyped action_key"
+    return None
+
+
+def _hash_ok(event: Mapping[str, Any]) -> bool:
+    try:
+        return bool(event["hash"] == content_hash(event["prev_hash"], event))
+    except (TypeError, ValueError):
+        return False
+
+
+def _remember(bucket: dict[str, Any], run_id: str, entry: dict[str, Any], limit: int) -> None:
+    bucket.pop(run_id, None)
+    bucket[run_id] = entry
+    while len(bucket) > limit:
+        del bucket[next(iter(bucket))]
+
+
+def evolve(state: Mapping[str, Any] | None, message: Sequence[Any], position: Position, key: str) -> Folded:
+    """Apply one transport message for `key` read at `position`. Pure: `state` is never mutated."""
+    base = copy.deepcopy(dict(state)) if state is not None else initial_state(key)
+    if base.get("partition") == position.partition and position.offset <= base["applied_offset"]:
+        return Folded(base, "duplicate", "offset already applied")
+    if not isinstance(message, Sequence) or isinstance(message, (str, bytes)) or not message:
+        return _anomaly(base, "message is not a non-empty list of events")
+    for index, event in enumerate(message):
+        problem = check_shape(event)
+        if problem is not None:
+            return _anomaly(base, f"event {index}: {problem}")
+    run_ids = {e["run_id"] for e in message}
+    if len(run_ids) != 1:
+        return _anomaly(base, "message mixes events of several runs")
+    expected_key = None if key == UNKEYED_RECORD_KEY else key
+    if any(e.get("action_key") != expected_key for e in message):
+        return _anomaly(base, f"event action_key does not match the message key {key!r}")
+    run_id = next(iter(run_ids))
+
+    for event in message:
+        if not _hash_ok(event):
+            return _anomaly(base, f"broken hash chain: seq {event['seq']} hash does not match its content")
+
+    if message[0]["event_type"] in TAIL_EVENT_TYPES:
+        folded = _apply_tail(base, run_id, message)
+    else:
+        folded = _apply_run(base, run_id, message)
+    if folded.outcome != "anomaly":
+        folded.state["partition"] = position.partition
+        folded.state["applied_offset"] = position.offset
+        if folded.baseline_changed and folded.state["baseline"] is not None:
+            folded.state["baseline"]["offset"] = position.offset
+            folded.state["baseline"]["partition"] = position.partition
+    return folded
+
+
+def _apply_run(state: dict[str, Any], run_id: str, events: Sequence[Mapping[str, Any]]) -> Folded:
+    prev = GENESIS_HASH
+    for position, event in enumerate(events):
+        if event["seq"] != position:
+            kind = "repeated" if event["seq"] < position else "gap in"
+            return _anomaly(state, f"{kind} seq: expected {position}, got {event['seq']}")
+        if event["prev_hash"] != prev:
+            return _anomaly(state, f"broken hash chain: seq {position} does not link to seq {position - 1}")
+        prev = event["hash"]
+    closing = events[-1]
+    if closing["event_type"] != "run_closed" or any(e["event_type"] == "run_closed" for e in events[:-1]):
+        return _anomaly(state, "run message does not end with its single run_closed event")
+    if closing.get("event_count") != len(events) or closing.get("last_hash") != closing["prev_hash"]:
+        return _anomaly(state, "run_closed count or last hash does not match the run")
+    if events[0]["event_type"] != "run_started":
+        return _anomaly(state, "run message does not start with run_started")
+
+    known = state["recent"].get(run_id) or state["awaiting"].get(run_id)
+    if known is not None:
+        if known.get("close_hash") == closing["hash"]:
+            state["counts"]["duplicates"] += 1
+            return Folded(state, "duplicate", "run already applied (same hashes)")
+        return _anomaly(state, f"run {run_id} seen before with different content")
+
+    decision = closing.get("decision")
+    if decision not in DECISIONS:
+        return _anomaly(state, f"run_closed decision {decision!r} is not a decision")
+    state["counts"]["runs"] += 1
+    state["counts"][decision] += 1
+    entry = {"decision": decision, "close_hash": closing["hash"], "last_seq": closing["seq"], "last_hash": prev}
+    if decision == "execute":
+        _remember(state["awaiting"], run_id, {**entry, "events": [dict(e) for e in events]}, AWAITING_RUNS_PER_KEY)
+    else:
+        _remember(state["recent"], run_id, entry, RECENT_RUNS_PER_KEY)
+    return Folded(state, "applied")
+
+
+def _apply_tail(state: dict[str, Any], run_id: str, events: Sequence[Mapping[str, Any]]) -> Folded:
+    if len(events) != 1:
+        return _anomaly(state, "a tail message carries exactly one executed/execution_failed event")
+    tail = events[0]
+    waiting = state["awaiting"].get(run_id)
+    if waiting is None:
+        seen = state["recent"].get(run_id)
+        if seen is not None and seen.get("tail_hash") == tail["hash"]:
+            state["counts"]["duplicates"] += 1
+            return Folded(state, "duplicate", "tail already applied (same hash)")
+        if seen is not None and seen["decision"] != "execute":
+            return _anomaly(state, f"{tail['event_type']} for a run whose decision was {seen['decision']}")
+        if seen is not None:
+            return _anomaly(state, f"second outcome for run {run_id} (replayed decision)")
+        return _anomaly(state, f"{tail['event_type']} for a run without a recorded execute decision")
+    if tail["seq"] != waiting["last_seq"] + 1 or tail["prev_hash"] != waiting["last_hash"]:
+        return _anomaly(state, "broken hash chain: the outcome does not link to its run's close")
+
+    executed = tail["event_type"] == "executed"
+    baseline_changed = False
+    if executed:
+        try:
+            record = rebuild_record([decode_event(e) for e in [*waiting["events"], tail]])
+        except (EventDecodeError, ChainError) as exc:
+            return _anomaly(state, f"executed run cannot be rebuilt: {exc}")
+        if record.execution_decision != "executed":
+            return _anomaly(state, "executed run did not rebuild to an executed record")
+        state["baseline"] = {
+            "run_id": run_id,
+            "decision_id": tail.get("decision_id"),
+            "record": record.model_dump(mode="json"),
+            "last_hash": tail["hash"],
+            "next_seq": tail["seq"] + 1,
+        }
+        baseline_changed = True
+    del state["awaiting"][run_id]
+    state["counts"]["executed" if executed else "failed"] += 1
+    entry = {
+        "decision": "execute",
+        "close_hash": waiting["close_hash"],
+        "last_seq": tail["seq"],
+        "last_hash": tail["hash"],
+        "tail_hash": tail["hash"],
+        "outcome": "executed" if executed else "failed",
+    }
+    _remember(state["recent"], run_id, entry, RECENT_RUNS_PER_KEY)
+    return Folded(state, "applied", baseline_changed=baseline_changed)
+
+
+def baseline_record(state: Mapping[str, Any] | None) -> ExecutionRecord | None:
+    """The baseline of a folded state as an `ExecutionRecord` carrying its run reference, or None."""
+    if not state or not state.get("baseline"):
+        return None
+    base = state["baseline"]
+    ref = RunRef(run_id=base["run_id"], last_hash=base["last_hash"], next_seq=base["next_seq"])
+    return ExecutionRecord.model_validate(base["record"]).with_run_ref(ref)
