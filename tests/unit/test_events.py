@@ -1,0 +1,129 @@
+"""Events (SPEC §5): one per step, in order, hash-chained, with the gap class derived from the gate."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from preflight import ChainError, ExecutionRecord, decode_event, encode_event, rebuild_record, verify_run
+from preflight.events import decode_message, encode_message
+from tests.unit import scenario as sc
+from tests.unit.scenario import decide, engine
+
+
+def types(record: ExecutionRecord) -> list[str]:
+    return [e.event_type for e in record.run_events]
+
+
+def blocked(record: ExecutionRecord) -> dict[str, Any]:
+    event = next(e for e in record.run_events if e.event_type == "gate_blocked")
+    data: dict[str, Any] = event.model_dump(mode="json")
+    return data
+
+
+def fail(*args: Any) -> Any:
+    raise RuntimeError("down")
+
+
+class TestEventSequence:
+    async def test_a_blocked_run(self) -> None:
+        assert types(await decide()) == [
+            "run_started",
+            "fixed_checklist_resolved",
+            "tool_match_decided",
+            "field_resolved",
+            "field_resolved",
+            "field_resolved",
+            "checklist_item_verified",
+            "gate_blocked",
+            "run_closed",
+        ]
+
+    async def test_an_approved_run_and_its_execution(self) -> None:
+        pf = engine()
+        state = await decide(pf, user_answers={"to_account": "1"})
+        assert types(state)[-2:] == ["execution_approved", "run_closed"]
+        outcome = await pf.execute_if_ready(state, sc.BANK_TOOL, lambda n, a: "ok")
+        events = outcome.state.run_events
+        assert [e.event_type for e in events][-1] == "executed"
+        verify_run(events)
+        approved = next(e for e in events if e.event_type == "execution_approved").model_dump()
+        assert events[-1].model_dump()["decision_id"] == approved["decision_id"]
+
+    async def test_a_deferred_run(self) -> None:
+        record = await decide(engine(classify_when_case=lambda i: "scheduled"), user_answers={"to_account": "1"})
+        assert types(record)[-2:] == ["run_deferred", "run_closed"]
+
+    async def test_every_event_carries_the_envelope_and_the_run_key(self) -> None:
+        record = await decide()
+        events = record.run_events
+        assert {e.run_id for e in events} == {events[0].run_id}
+        assert [e.seq for e in events] == list(range(len(events)))
+        assert {e.action_key for e in events} == {"u_01:bank.transfer"}
+        assert {e.user_id for e in events} == {"u_01"}
+        assert len({e.event_id for e in events}) == len(events)
+        closing = events[-1].model_dump()
+        assert closing["event_count"] == len(events)
+        assert closing["last_hash"] == events[-2].hash
+
+
+class TestGapClasses:
+    """Derived from the gate that stopped the run, never guessed from text."""
+
+    @pytest.mark.parametrize(
+        ("overrides", "inputs", "gate_name", "gap"),
+        [
+            ({}, {}, "value", "instruction_gap"),
+            ({"classify_when_case": lambda i: "whenever"}, {}, "intent", "instruction_gap"),
+            ({"confirm_tool_name_matches_intent": lambda c, t: None}, {}, "tool", "action_definition_gap"),
+            ({}, {"tool": {"name": "bank.transfer"}}, "tool_definition", "action_definition_gap"),
+            ({}, {"user_checklist": [{"description": "no id"}]}, "checklist_ids", "configuration_defect"),
+            ({}, {"tool": {"name": ""}}, "input", "action_definition_gap"),
+            ({}, {"user_answers": "to_account=1"}, "input", "configuration_defect"),
+            ({"extract_from_instruction": fail}, {}, "value", "internal_error"),
+            ({"build_action_key": fail}, {}, "backstop", "internal_error"),
+        ],
+    )
+    async def test_gap_class(self, overrides: Any, inputs: Any, gate_name: str, gap: str) -> None:
+        record = await decide(engine(**overrides), **inputs)
+        event = blocked(record)
+        assert event["gate_name"] == gate_name
+        assert event["gap_class"] == gap
+        assert event["decision"] == record.execution_decision
+
+
+class TestPrivacy:
+    async def test_the_raw_instruction_is_not_in_the_events(self) -> None:
+        record = await decide(user_answers={"to_account": "1"})
+        wire = b"".join(encode_event(e) for e in record.run_events)
+        assert sc.INSTRUCTION_TEXT.encode() not in wire
+        assert b"landlord" in wire  # C2, what the user calls the act, is part of the record
+
+    async def test_except_inside_a_deferred_runs_deferred_input(self) -> None:
+        record = await decide(engine(classify_when_case=lambda i: "scheduled"), user_answers={"to_account": "1"})
+        carriers = [e.event_type for e in record.run_events if sc.INSTRUCTION_TEXT.encode() in encode_event(e)]
+        assert carriers == ["run_deferred"]
+
+
+class TestRebuildAndChain:
+    async def test_the_record_rebuilds_from_its_wire_form(self) -> None:
+        record = await decide()
+        decoded = [decode_event(encode_event(e)) for e in record.run_events]
+        assert rebuild_record(decoded) == record
+        assert decode_message(encode_message(record.run_events)) == [
+            e.model_dump(mode="json") for e in record.run_events
+        ]
+
+    async def test_missing_reordered_or_truncated_events_are_detected(self) -> None:
+        events = list((await decide()).run_events)
+        for broken in (events[:3] + events[4:], [events[1], events[0], *events[2:]], events[:-1]):
+            with pytest.raises(ChainError):
+                verify_run(broken)
+
+    async def test_an_altered_event_is_detected(self) -> None:
+        events = list((await decide()).run_events)
+        data = events[3].model_dump(mode="json")
+        data["field"]["value"] = "6666"
+        with pytest.raises(ChainError, match="seq 3"):
+            verify_run([*events[:3], decode_event(data), *events[4:]])
