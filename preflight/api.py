@@ -81,9 +81,14 @@ class Preflight:
                 decided, run_id=run_id, user_id=user_id, agent_id=agent_id, clock=self._clock, new_id=_new_id
             )
         except Exception as exc:  # an unrecordable decision is itself a backstop hold
-            decided = backstop(exc, [], self._clock(), decided.trace.started)
+            decided = backstop(exc, [], self._clock(), started_summary(None, None))
             events, ref = run_events(
-                decided, run_id=run_id, user_id=user_id, agent_id=agent_id, clock=self._clock, new_id=_new_id
+                decided,
+                run_id=run_id,
+                user_id=_encodable(user_id),
+                agent_id=_encodable(agent_id),
+                clock=self._clock,
+                new_id=_new_id,
             )
         return decided.record.with_run_ref(ref, tuple(events))
 
@@ -258,6 +263,17 @@ def _ids(raw: Any) -> tuple[str | None, str | None]:
         user, agent = raw.get("user_id"), raw.get("agent_id")
         return (user if isinstance(user, str) else None, agent if isinstance(agent, str) else None)
     return None, None
+
+
+def _encodable(text: str | None) -> str | None:
+    """`text` if it can be written as UTF-8, else None (it cannot go into an event)."""
+    if text is None:
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return None
+    return text
 
 
 def _new_id() -> str:

@@ -127,7 +127,10 @@ def started_summary(raw: Mapping[str, Any] | None, parsed: PreflightInput | None
             "tool_attempt": 0,
             "user_checklist": [],
         }
-    tool_json = parsed.tool.model_dump(mode="json", by_alias=True)
+    try:
+        tool_digest: str | None = digest(parsed.tool.model_dump(mode="json", by_alias=True))
+    except (TypeError, ValueError):  # NaN or a lone surrogate in the definition: no digest, and the
+        tool_digest = None  # run's own events will fail to encode and fall to the backstop
     segments = (
         None
         if isinstance(parsed.instruction, str)
@@ -135,7 +138,7 @@ def started_summary(raw: Mapping[str, Any] | None, parsed: PreflightInput | None
     )
     return {
         "tool_name": parsed.tool.name,
-        "tool_digest": digest(tool_json),
+        "tool_digest": tool_digest,
         "has_input_schema": parsed.tool.input_schema is not None,
         "instruction_segments": segments,
         "intent_fingerprint": intent_fingerprint(parsed.instruction),
@@ -166,7 +169,8 @@ def invalid_input(raw: Any, exc: ValidationError | TypeError, now: str) -> Decid
 
 
 def backstop(exc: BaseException, checklist: list[Any], now: str, started: dict[str, Any]) -> Decided:
-    reason = f"preflight error: {type(exc).__name__}: {exc}"
+    text = f"{type(exc).__name__}: {exc}".encode("utf-8", "backslashreplace").decode("utf-8")
+    reason = f"preflight error: {text}"
     return _hold_without_gate(reason, _json_list(checklist), now, "backstop", "internal_error", started)
 
 
@@ -285,6 +289,9 @@ async def decide(
         )
     checklist: list[dict[str, Any]] = [dict(item) for item in checklist_raw]
     checklist_json = _json_list(checklist)
+    if len(checklist_json) != len(checklist):
+        # Dropping it would defer a run whose trigger then verifies nothing: refuse instead.
+        raise TypeError("the user checklist holds a value that cannot be recorded as JSON")
 
     intent_attempt = attempt_number(inp.intent_attempt)
     tool_attempt = attempt_number(inp.tool_attempt)

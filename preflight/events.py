@@ -251,25 +251,26 @@ def decode_event(data: bytes | str | Mapping[str, Any]) -> PreflightEvent:
     if isinstance(data, (bytes, bytearray, memoryview)):
         try:
             raw: Any = json.loads(bytes(data).decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise EventDecodeError(f"undecodable bytes: {exc}") from exc
+        except (ValueError, RecursionError) as exc:  # UnicodeDecodeError, JSONDecodeError, huge ints
+            raise EventDecodeError(f"undecodable bytes: {type(exc).__name__}: {exc}") from exc
     elif isinstance(data, str):
         try:
             raw = json.loads(data)
-        except json.JSONDecodeError as exc:
-            raise EventDecodeError(f"undecodable JSON: {exc}") from exc
+        except (ValueError, RecursionError) as exc:
+            raise EventDecodeError(f"undecodable JSON: {type(exc).__name__}: {exc}") from exc
     else:
         raw = data
     if not isinstance(raw, Mapping):
         raise EventDecodeError(f"event is a JSON {type(raw).__name__}, not an object")
     event_type = raw.get("event_type")
-    if event_type not in EVENT_TYPES:
-        raise EventDecodeError(f"unknown event_type: {event_type!r}")
+    if not isinstance(event_type, str) or event_type not in EVENT_TYPES:
+        raise EventDecodeError(f"unknown event_type: {event_type!r:.80}")
     version = raw.get("schema_version")
-    if version not in SUPPORTED_EVENT_VERSIONS:
-        raise EventDecodeError(f"unsupported schema_version {version!r} for {event_type}")
+    if type(version) is not int or version not in SUPPORTED_EVENT_VERSIONS:
+        raise EventDecodeError(f"unsupported schema_version {version!r:.80} for {event_type}")
     try:
-        return EVENT_ADAPTER.validate_python(dict(raw))
+        # Strict: a malformed event is refused, never coerced ("yes" is not True, "2" is not 2).
+        return EVENT_ADAPTER.validate_python(dict(raw), strict=True)
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in err['loc']) or '<event>'}: {err['msg']}" for err in exc.errors()
@@ -352,8 +353,8 @@ def decode_message(data: bytes | None) -> list[Any]:
         raise EventDecodeError("tombstone: message has no value")
     try:
         raw = json.loads(bytes(data).decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise EventDecodeError(f"undecodable bytes: {exc}") from exc
+    except (ValueError, RecursionError) as exc:
+        raise EventDecodeError(f"undecodable bytes: {type(exc).__name__}: {exc}") from exc
     if not isinstance(raw, list) or not raw:
         raise EventDecodeError(f"message is a JSON {type(raw).__name__}, not a non-empty array of events")
     return raw

@@ -26,4 +26,4 @@ def intent_fingerprint(instruction: Sequence[Segment] | str) -> str:
     """`sha256:<hex>` over the normalised trusted segments (a plain string has none)."""
     trusted = [] if isinstance(instruction, str) else [s.text for s in instruction if s.trust == "user"]
     joined = "\x00".join(normalise(t) for t in trusted)
-    return "sha256:" + hashlib.sha256(joined.encode()).hexdigest()
+    return "sha256:" + hashlib.sha256(joined.encode("utf-8", "surrogatepass")).hexdigest()

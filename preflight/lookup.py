@@ -89,7 +89,8 @@ class BaselineReader:
 def json_value(value: Any) -> tuple[bool, Any]:
     """(True, value) if `value` can be recorded verbatim as JSON, else (False, None)."""
     try:
-        text = json.dumps(value, allow_nan=False)
+        text = json.dumps(value, allow_nan=False, ensure_ascii=False)
+        text.encode("utf-8")  # a lone surrogate cannot be written as UTF-8
     except (TypeError, ValueError, RecursionError):
         return False, None
     return True, json.loads(text)
