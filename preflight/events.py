@@ -246,16 +246,20 @@ def encode_event(event: Envelope) -> bytes:
     return canonical_json(event_body(event))
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
 def decode_event(data: bytes | str | Mapping[str, Any]) -> PreflightEvent:
     """Read one event; raise `EventDecodeError` naming the defect for anything else."""
     if isinstance(data, (bytes, bytearray, memoryview)):
         try:
-            raw: Any = json.loads(bytes(data).decode("utf-8"))
+            raw: Any = json.loads(bytes(data).decode("utf-8"), parse_constant=_no_constant)
         except (ValueError, RecursionError) as exc:  # UnicodeDecodeError, JSONDecodeError, huge ints
             raise EventDecodeError(f"undecodable bytes: {type(exc).__name__}: {exc}") from exc
     elif isinstance(data, str):
         try:
-            raw = json.loads(data)
+            raw = json.loads(data, parse_constant=_no_constant)
         except (ValueError, RecursionError) as exc:
             raise EventDecodeError(f"undecodable JSON: {type(exc).__name__}: {exc}") from exc
     else:
@@ -270,12 +274,17 @@ def decode_event(data: bytes | str | Mapping[str, Any]) -> PreflightEvent:
         raise EventDecodeError(f"unsupported schema_version {version!r:.80} for {event_type}")
     try:
         # Strict: a malformed event is refused, never coerced ("yes" is not True, "2" is not 2).
-        return EVENT_ADAPTER.validate_python(dict(raw), strict=True)
+        event = EVENT_ADAPTER.validate_python(dict(raw), strict=True)
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in err['loc']) or '<event>'}: {err['msg']}" for err in exc.errors()
         )
         raise EventDecodeError(f"malformed {event_type}: {problems}") from exc
+    try:
+        canonical_json(event_body(event))  # what cannot be written back cannot be verified either
+    except (ValueError, TypeError, RecursionError) as exc:  # NaN, lone surrogates, too deep, non-JSON
+        raise EventDecodeError(f"malformed {event_type}: cannot be written as canonical JSON: {exc}") from exc
+    return event
 
 
 def verify_event_hash(event: Envelope) -> bool:

@@ -89,10 +89,11 @@ def check_shape(event: Any) -> str | None:
     if not isinstance(event, Mapping):
         return f"event is a JSON {type(event).__name__}, not an object"
     event_type = event.get("event_type")
-    if event_type not in EVENT_TYPES:
-        return f"unknown event_type: {event_type!r}"
-    if event.get("schema_version") not in SUPPORTED_EVENT_VERSIONS:
-        return f"unsupported schema_version {event.get('schema_version')!r} for {event_type}"
+    if not isinstance(event_type, str) or event_type not in EVENT_TYPES:
+        return f"unknown event_type: {event_type!r:.80}"
+    version = event.get("schema_version")
+    if type(version) is not int or version not in SUPPORTED_EVENT_VERSIONS:
+        return f"unsupported schema_version {version!r:.80} for {event_type}"
     for key, kind in _ENVELOPE_TYPES.items():
         value = event.get(key)
         if not isinstance(value, kind) or isinstance(value, bool):

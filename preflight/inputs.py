@@ -9,9 +9,10 @@ judged there.
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, JsonValue
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, JsonValue, model_validator
 
 from preflight.records import ExecutionRecord
 
@@ -51,6 +52,16 @@ class Tool(BaseModel):
     description: str | None = None
     input_schema: InputSchema | None = Field(default=None, validation_alias=AliasChoices("input_schema", "inputSchema"))
     annotations: dict[str, JsonValue] | None = None
+
+    @model_validator(mode="after")
+    def _recordable(self) -> Tool:
+        """The tool judged must be recordable exactly (its digest goes into the audit trail)."""
+        try:
+            text = json.dumps(self.model_dump(mode="json", by_alias=True), allow_nan=False, ensure_ascii=False)
+            text.encode("utf-8")
+        except (TypeError, ValueError, RecursionError) as exc:
+            raise ValueError(f"tool definition cannot be recorded as JSON ({type(exc).__name__})") from exc
+        return self
 
 
 class PreflightInput(BaseModel):

@@ -86,8 +86,25 @@ class BaselineReader:
         return self._record
 
 
+MAX_VALUE_DEPTH = 64
+"""How deeply a recorded value may nest. Deeper values cannot be recorded (the serialisers of the
+event log refuse them well before Python's recursion limit), so they are refused here, as unknown."""
+
+
+def _too_deep(value: Any, depth: int = 0) -> bool:
+    if depth > MAX_VALUE_DEPTH:
+        return True
+    if isinstance(value, dict):
+        return any(_too_deep(v, depth + 1) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(_too_deep(v, depth + 1) for v in value)
+    return False
+
+
 def json_value(value: Any) -> tuple[bool, Any]:
     """(True, value) if `value` can be recorded verbatim as JSON, else (False, None)."""
+    if _too_deep(value):
+        return False, None
     try:
         text = json.dumps(value, allow_nan=False, ensure_ascii=False)
         text.encode("utf-8")  # a lone surrogate cannot be written as UTF-8
