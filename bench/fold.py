@@ -1,0 +1,386 @@
+"""Fold throughput: the Faust worker against a raw consumer, on the same topic, in the same run.
+
+Publishes ~200k realistic events (runs of the bank-transfer scenario made by the engine, re-keyed over
+many action_keys and re-chained so that every run is distinct and hash-valid; one message per run,
+plus an `executed`/`execution_failed` tail per executed run) to a fresh topic on an embedded broker,
+then measures:
+
+  (i)   raw: aiokafka consume of the whole topic + stdlib JSON decode of every message, events/s;
+  (ii)  fold: a `faust worker` subprocess (streams.app, the startup catch-up off, so Faust's consumer
+        delivers everything) folding the topic from offset 0 until its watermarks reach the end;
+        events/s over the worker's own fold window (first to last batch), and over wall time;
+  (iii) the pure fold in this process (decode + `evolve`, no broker), the ceiling for (ii).
+
+and prints (ii)/(i). With ``--profile`` the worker runs under cProfile and the top of the profile
+is printed; the CPU time of each worker thread is printed either way. Everything started is stopped.
+
+    python bench/fold.py [--events 200000] [--keys 2000] [--partitions 2] [--profile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import io
+import json
+import os
+import pstats
+import random
+import shutil
+import tempfile
+import time
+import uuid
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from infra.brokers import create_topics
+from infra.embedded import EmbeddedBroker
+from preflight import MemoryEventSink, MemoryStorage, create_preflight
+from preflight.events import canonical_json, content_hash
+from streams.backfill import Backfill
+from streams.batch import Incoming, Progress, fold_partition
+from streams.process import WorkerProcess
+from streams.settings import WorkerSettings
+
+TOOL: dict[str, Any] = {
+    "name": "bank.transfer",
+    "description": "Transfers are final. Confirm the recipient before calling.",
+    "inputSchema": {
+        "type": "object",
+        "properties": {
+            "from_account": {"type": "string"},
+            "amount": {"type": "integer"},
+            "to_account": {"type": "string"},
+        },
+        "required": ["from_account", "amount", "to_account"],
+    },
+}
+TEMPLATE_USER = "tplusr000"
+
+
+def _hooks(outcome: str) -> dict[str, Any]:
+    hooks: dict[str, Any] = {
+        "classify_when_case": lambda instruction: "scheduled" if outcome == "deferred" else "immediate",
+        "extract_user_action_name": lambda instruction: "send money to my landlord",
+        "confirm_tool_name_matches_intent": lambda c2, tool: {"approved": outcome != "hold", "reason": "transfer"},
+        "extract_from_instruction": lambda f, i: (
+            {"value": 500000, "segment_index": 0, "span": [5, 12]} if f == "amount" else None
+        ),
+        "measure_from_environment": lambda f, ctx: None,
+        "build_action_key": lambda user_id, fixed: f"{user_id}:{fixed['c3_provider_action_name']}",
+        "apply_field_policy": lambda record, ctx: record,
+        "validate_field_schema": lambda value, schema, ctx: None,
+        "verify_user_checklist_item": lambda item, ctx: {
+            **item,
+            "status": "unverified" if outcome == "ask_user" else "verified",
+            "source": "measured_data",
+        },
+    }
+    return hooks
+
+
+#: The decision mix: (outcome, weight). Executed and failed runs also carry a tail message.
+MIX = (("executed", 35), ("failed", 5), ("ask_user", 35), ("hold", 10), ("deferred", 15))
+
+
+async def templates() -> dict[str, list[list[dict[str, Any]]]]:
+    """Per outcome, the JSON events of one run (and its tail) made by the real engine."""
+    made: dict[str, list[list[dict[str, Any]]]] = {}
+    for outcome, _ in MIX:
+        pf = create_preflight(hooks=_hooks(outcome), storage=MemoryStorage(), sink=MemoryEventSink())
+        state = await pf.run_and_record(
+            {
+                "user_id": TEMPLATE_USER,
+                "instruction": [{"text": "send 500,000 won to my landlord", "trust": "user"}],
+                "tool": TOOL,
+                "pre_set_data": {"from_account": {"value": "1102534471", "trust": "user"}},
+                "user_answers": {"to_account": "2200119"},
+                "user_checklist": [{"id": "chk_limit", "description": "within daily transfer limit"}],
+                "tool_attempt": 2 if outcome == "hold" else 0,
+            }
+        )
+        messages = [[e.model_dump(mode="json") for e in state.run_events]]
+        if outcome in ("executed", "failed"):
+
+            def tool(name: str, args: dict[str, Any], fail: bool = outcome == "failed") -> str:
+                if fail:
+                    raise RuntimeError("provider error")
+                return "ok"
+
+            done = await pf.execute_if_ready(state, TOOL, tool)
+            assert done.status == outcome, done.reason
+            messages.append([done.state.run_events[-1].model_dump(mode="json")])
+        made[outcome] = messages
+    return made
+
+
+def rechain(template: list[list[dict[str, Any]]], user: str) -> list[bytes]:
+    """A copy of a template run for `user`, with fresh ids, its chain recomputed: distinct and valid."""
+    text = json.dumps(template).replace(TEMPLATE_USER, user)
+    for old in {e["run_id"] for m in template for e in m} | {
+        e[k] for m in template for e in m for k in ("decision_id",) if e.get(k)
+    }:
+        text = text.replace(old, str(uuid.uuid4()))
+    messages: list[list[dict[str, Any]]] = json.loads(text)
+    prev = "0" * 64
+    encoded = []
+    for message in messages:
+        for event in message:
+            event["event_id"] = str(uuid.uuid4())
+            event["prev_hash"] = prev
+            if event["event_type"] == "run_closed":
+                event["last_hash"] = prev
+            event.pop("hash")
+            event["hash"] = content_hash(prev, event)
+            prev = event["hash"]
+        encoded.append(b"[" + b",".join(canonical_json(e) for e in message) + b"]")
+    return encoded
+
+
+async def workload(n_events: int, n_keys: int, seed: int = 7) -> tuple[list[tuple[bytes, bytes]], int, Counter[str]]:
+    made = await templates()
+    rng = random.Random(seed)
+    outcomes = [o for o, _ in MIX]
+    weights = [w for _, w in MIX]
+    messages: list[tuple[bytes, bytes]] = []
+    events = 0
+    mix: Counter[str] = Counter()
+    while events < n_events:
+        outcome = rng.choices(outcomes, weights)[0]
+        user = f"user{rng.randrange(n_keys):05d}"
+        key = f"{user}:bank.transfer".encode()
+        for value in rechain(made[outcome], user):
+            messages.append((key, value))
+        events += sum(len(m) for m in made[outcome])
+        mix[outcome] += 1
+    return messages, events, mix
+
+
+async def publish(bootstrap: str, topic: str, messages: Sequence[tuple[bytes, bytes]]) -> dict[int, int]:
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap, acks="all", linger_ms=20, max_batch_size=1 << 20, max_request_size=4 << 20
+    )
+    await producer.start()
+    ends: dict[int, int] = {}
+    try:
+        pending = []
+        for key, value in messages:
+            pending.append(await producer.send(topic, key=key, value=value))
+            if len(pending) >= 5000:
+                for md in await asyncio.gather(*pending):
+                    ends[md.partition] = max(ends.get(md.partition, 0), md.offset + 1)
+                pending = []
+        for md in await asyncio.gather(*pending):
+            ends[md.partition] = max(ends.get(md.partition, 0), md.offset + 1)
+    finally:
+        await producer.stop()
+    return ends
+
+
+async def raw_consume(bootstrap: str, topic: str, ends: dict[int, int], decode: Any) -> tuple[float, int]:
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap,
+        enable_auto_commit=False,
+        max_partition_fetch_bytes=16 << 20,
+        fetch_max_bytes=64 << 20,
+    )
+    await consumer.start()
+    try:
+        tps = [TopicPartition(topic, p) for p in ends]
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        remaining = set(tps)
+        events = 0
+        start = time.perf_counter()
+        while remaining:
+            batches = await consumer.getmany(timeout_ms=500, max_records=20000)
+            for tp, records in batches.items():
+                for record in records:
+                    events += len(decode(record.value))
+                if records and records[-1].offset + 1 >= ends[tp.partition]:
+                    remaining.discard(tp)
+        return time.perf_counter() - start, events
+    finally:
+        await consumer.stop()
+
+
+def pure_fold(topic: str, messages: Sequence[tuple[bytes, bytes]], partitions: int) -> float:
+    """Seconds to fold `messages` with `fold_partition` in memory (state per key in a dict)."""
+    states: dict[str, Any] = {}
+    items = [Incoming(0, offset, key, value) for offset, (key, value) in enumerate(messages)]
+    start = time.perf_counter()
+    progress = Progress()
+    for lo in range(0, len(items), 2000):
+        result = fold_partition(topic, 0, items[lo : lo + 2000], progress, states.get)
+        assert not result.dead_letters, result.dead_letters[:1]
+        for key, state in result.writes.items():
+            states["k:" + key] = state
+        progress = result.progress
+    return time.perf_counter() - start
+
+
+def thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds (user+system) of process `pid`: its main thread, and the sum of its other threads."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    main, others = "main thread (event loop)", "other threads (consumer thread, ...)"
+    usage = {main: 0.0, others: 0.0}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        seconds = (int(fields[11]) + int(fields[12])) / ticks
+        usage[main if task.name == str(pid) else others] += seconds
+    return usage
+
+
+async def run_worker(
+    bootstrap: str,
+    topic: str,
+    partitions: int,
+    ends: dict[int, int],
+    workdir: Path,
+    args: argparse.Namespace,
+    *,
+    catch_up: bool = False,
+) -> dict[str, Any]:
+    app_id = f"bench-fold-{uuid.uuid4().hex[:8]}"
+    workdir = workdir / app_id
+    profile_path = workdir / "worker.prof" if args.profile and not catch_up else None
+    settings = WorkerSettings(
+        broker_url=bootstrap,
+        events_topic=topic,
+        partitions=partitions,
+        dlq_topic=f"{topic}.dlq",
+        app_id=app_id,
+        web_port=_free_port(),
+        data_dir=workdir / "worker-data",
+        batch_size=args.batch_size,
+        batch_within_s=args.within,
+        profile_path=profile_path,
+        catch_up=catch_up,
+    )
+    await create_topics(bootstrap, [settings.changelog_topic], partitions)
+    await create_topics(bootstrap, [settings.dlq_topic], 1)
+    worker = WorkerProcess(settings, workdir / "worker.log", log_level="warn")
+    started = time.perf_counter()
+    worker.start()
+    try:
+        assert worker.pid is not None
+        await worker.wait_ready(args.timeout)
+        cpu_ready = thread_cpu(worker.pid)
+        status = await worker.wait_folded(ends, timeout_s=args.timeout)
+        wall = time.perf_counter() - started
+        cpu = {k: v - cpu_ready[k] for k, v in thread_cpu(worker.pid).items()}
+        totals = (await worker.get_async("/fold/totals"))[1]
+        profile_text = ""
+        if profile_path is not None:
+            await worker.get_async("/fold/profile")
+            out = io.StringIO()
+            stats = pstats.Stats(str(profile_path), stream=out)
+            stats.sort_stats("tottime").print_stats(args.profile_lines)
+            stats.sort_stats("cumulative").print_stats(args.profile_lines)
+            profile_text = out.getvalue()
+            if args.profile_out is not None:
+                shutil.copyfile(profile_path, args.profile_out)
+        return {"status": status, "wall": wall, "cpu": cpu, "totals": totals, "profile": profile_text}
+    finally:
+        worker.stop()
+        if args.keep_log:
+            print(f"worker log: {worker.log_path}")
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+async def bench(args: argparse.Namespace) -> None:
+    began = time.perf_counter()
+    messages, n_events, mix = await workload(args.events, args.keys)
+    print(
+        f"workload: {n_events:,} events in {len(messages):,} messages ({sum(mix.values()):,} runs: "
+        + ", ".join(f"{k} {v:,}" for k, v in sorted(mix.items()))
+        + f"), {len(messages) and sum(len(v) for _, v in messages) // len(messages):,} bytes/message,"
+        f" {args.keys:,} keys; made in {time.perf_counter() - began:.1f} s"
+    )
+    pure = pure_fold("bench", messages, args.partitions)
+    print(f"(iii) pure fold in process: {n_events / pure:,.0f} events/s ({len(messages) / pure:,.0f} messages/s)")
+
+    with tempfile.TemporaryDirectory(prefix="preflight-bench-fold-") as tmp, EmbeddedBroker() as broker:
+        workdir = Path(tmp)
+        bootstrap = broker.bootstrap_servers
+        topic = f"bench.fold.{uuid.uuid4().hex[:8]}"
+        await create_topics(bootstrap, [topic], args.partitions)
+        t0 = time.perf_counter()
+        ends = await publish(bootstrap, topic, messages)
+        print(f"published in {time.perf_counter() - t0:.1f} s; end offsets {ends}")
+        backfill = Backfill(bootstrap, topic)
+        try:
+            assert await backfill.end_offsets(args.partitions) == ends
+        finally:
+            await backfill.close()
+
+        raw_s, raw_events = await raw_consume(bootstrap, topic, ends, json.loads)
+        assert raw_events == n_events, (raw_events, n_events)
+        raw_rate = n_events / raw_s
+        print(f"(i)   raw consume + json.loads: {raw_rate:,.0f} events/s ({len(messages) / raw_s:,.0f} messages/s)")
+
+        result = await run_worker(bootstrap, topic, args.partitions, ends, workdir, args)
+        since = result["status"]["since_start"]
+        window = since["last_fold_at"] - since["first_fold_at"]
+        fold_rate = n_events / window
+        totals = result["totals"]
+        assert totals["messages"]["messages"] == len(messages), totals
+        assert totals["messages"]["dead_letters"] == 0, totals
+        print(
+            f"(ii)  faust worker fold: {fold_rate:,.0f} events/s ({len(messages) / window:,.0f} messages/s) over"
+            f" its fold window of {window:.2f} s; {n_events / result['wall']:,.0f} events/s over"
+            f" {result['wall']:.1f} s wall from process start (start-up and group join included)"
+        )
+        print(f"fold/raw: {fold_rate / raw_rate:.2f}x (target >= 0.5x)")
+        cpu = sorted(result["cpu"].items(), key=lambda kv: -kv[1])
+        print(
+            f"worker CPU from ready to folded (~{window:.1f} s): "
+            + ", ".join(f"{name} {sec:.1f} s" for name, sec in cpu)
+        )
+        print(f"fold totals: {totals['states']}")
+        if args.catch_up:
+            caught = await run_worker(bootstrap, topic, args.partitions, ends, workdir, args, catch_up=True)
+            since = caught["status"]["since_start"]
+            window = since["last_fold_at"] - since["first_fold_at"]
+            print(
+                f"(ii-b) the same worker folding the backlog at start-up from its own aiokafka reader"
+                f" (catch-up, no Faust consumer): {n_events / window:,.0f} events/s over {window:.2f} s"
+                f" = {n_events / window / raw_rate:.2f}x raw"
+            )
+        if result["profile"]:
+            print(result["profile"])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--events", type=int, default=200_000, help="events to publish (default 200k)")
+    parser.add_argument("--keys", type=int, default=2_000, help="distinct action_keys")
+    parser.add_argument("--partitions", type=int, default=2, help="partitions of the events topic")
+    parser.add_argument("--batch-size", type=int, default=5_000, help="the worker's take_events batch")
+    parser.add_argument("--within", type=float, default=0.2, help="the worker's take_events window, s")
+    parser.add_argument("--timeout", type=float, default=600.0, help="bound on the worker's fold, s")
+    parser.add_argument("--profile", action="store_true", help="profile the worker's event loop")
+    parser.add_argument("--catch-up", action="store_true", help="also time the start-up catch-up path")
+    parser.add_argument("--profile-lines", type=int, default=25)
+    parser.add_argument("--profile-out", type=Path, default=None, help="keep the worker's profile here")
+    parser.add_argument("--keep-log", action="store_true", help="print the worker log's path")
+    asyncio.run(bench(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,239 @@
+"""Fold a batch of one partition: pure code around `preflight.fold.evolve`, no Faust, no I/O.
+
+The worker hands `fold_partition` the messages of one source partition in offset order, contiguous
+from the partition's watermark + 1 (it reads back any offsets the consumer skipped first; a range the
+log no longer holds arrives as `Missing`). For each message it decodes the value, folds it into the
+key's state with `evolve`, and turns every anomaly -- undecodable bytes, a tombstone, a missing or
+non-UTF-8 key, anything `evolve` refuses, an exception inside it, offsets the log lost -- into a
+`DeadLetter` carrying the original bytes and the reason. A message at or below the watermark is a
+redelivery and is skipped before it is even decoded.
+
+The result says which keys' states changed (each written once per batch), the dead letters to publish,
+and the partition's new `Progress` (watermark and counts), which the worker stores in the same
+changelog partition *after* the states: a recovered watermark therefore never claims more than the
+recovered states hold, and the per-key `applied_offset` (inside each state) covers the other direction.
+Correctness depends on neither the consumer's offset commits nor exactly-once delivery.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from preflight.errors import EventDecodeError
+from preflight.events import decode_message
+from preflight.fold import Position, evolve
+
+#: Table keys: a key's state lives under STATE_PREFIX + action_key, a partition's progress under
+#: PROGRESS_PREFIX + partition number, so the two can never collide whatever an action_key is.
+STATE_PREFIX = "k:"
+PROGRESS_PREFIX = "w:"
+
+DEAD_LETTER_VERSION = 1
+
+
+def state_key(action_key: str) -> str:
+    return STATE_PREFIX + action_key
+
+
+def progress_key(partition: int) -> str:
+    return f"{PROGRESS_PREFIX}{partition}"
+
+
+@dataclass(frozen=True)
+class Incoming:
+    """One message as read from the events topic (key and value as raw bytes)."""
+
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+
+
+@dataclass(frozen=True)
+class Missing:
+    """Offsets `start` .. `end - 1` of a partition that the log no longer holds (retention, truncation)."""
+
+    partition: int
+    start: int
+    end: int
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """A message the fold did not apply, and why. Published to the dead-letter topic as JSON."""
+
+    reason: str
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    end_offset: int | None = None
+
+    def record(self) -> dict[str, Any]:
+        """The dead-letter topic's JSON record: the original bytes in base64, the reason, the source."""
+        key_text: str | None
+        try:
+            key_text = self.key.decode("utf-8") if self.key is not None else None
+        except UnicodeDecodeError:
+            key_text = None
+        return {
+            "dead_letter_version": DEAD_LETTER_VERSION,
+            "reason": self.reason,
+            "topic": self.topic,
+            "partition": self.partition,
+            "offset": self.offset,
+            "end_offset": self.end_offset,
+            "key": key_text,
+            "key_b64": base64.b64encode(self.key).decode("ascii") if self.key is not None else None,
+            "value_b64": base64.b64encode(self.value).decode("ascii") if self.value is not None else None,
+        }
+
+    def encode(self) -> bytes:
+        return json.dumps(self.record(), sort_keys=True, separators=(",", ":")).encode()
+
+
+@dataclass(frozen=True)
+class Progress:
+    """How far a partition is folded (`offset`, inclusive; -1 before the first message) and what it saw.
+
+    The counts are exact: each offset is counted once, however often it is delivered.
+    """
+
+    offset: int = -1
+    messages: int = 0
+    applied: int = 0
+    duplicates: int = 0
+    dead_letters: int = 0
+    missing: int = 0
+
+    def to_json(self) -> dict[str, int]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Any) -> Progress:
+        if not isinstance(data, Mapping):
+            return cls()
+        return cls(**{name: int(data.get(name, default)) for name, default in asdict(cls()).items()})
+
+
+@dataclass
+class PartitionFold:
+    """The outcome of folding one batch of one partition."""
+
+    topic: str
+    partition: int
+    progress: Progress
+    writes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    dead_letters: list[DeadLetter] = field(default_factory=list)
+    redelivered: int = 0
+    baselines_changed: int = 0
+
+
+StateLoader = Callable[[str], Mapping[str, Any] | None]
+
+
+def _key_text(key: bytes | None) -> tuple[str | None, str | None]:
+    """(action_key, None) or (None, reason)."""
+    if key is None:
+        return None, "message has no key (every preflight message is keyed by action_key)"
+    try:
+        return key.decode("utf-8"), None
+    except UnicodeDecodeError as exc:
+        return None, f"message key is not UTF-8: {exc}"
+
+
+def fold_partition(
+    topic: str,
+    partition: int,
+    items: Iterable[Incoming | Missing],
+    progress: Progress,
+    load: StateLoader,
+    decode: Callable[[bytes | None], list[Any]] = decode_message,
+) -> PartitionFold:
+    """Fold `items` (one partition, offset order) on top of `progress`; never raises for bad input.
+
+    Items at or below `progress.offset` are redeliveries and are skipped. Every other item must start
+    exactly at the next offset: a hole is the caller's bug (it must read skipped offsets back first),
+    so it raises `ValueError` rather than fold past it.
+    """
+    result = PartitionFold(topic, partition, progress)
+    states: dict[str, dict[str, Any]] = {}
+    offset, messages = progress.offset, progress.messages
+    applied, duplicates, dead, missing = progress.applied, progress.duplicates, progress.dead_letters, progress.missing
+
+    for item in items:
+        if item.partition != partition:
+            raise ValueError(f"item of partition {item.partition} in a batch of partition {partition}")
+        if isinstance(item, Missing):
+            if item.end <= offset + 1:
+                continue
+            if item.start > offset + 1:
+                raise ValueError(f"partition {partition}: offsets {offset + 1}..{item.start - 1} were not given")
+            result.dead_letters.append(
+                DeadLetter(
+                    reason=f"offsets {offset + 1}..{item.end - 1} are no longer in the log: not folded",
+                    topic=topic,
+                    partition=partition,
+                    offset=offset + 1,
+                    key=None,
+                    value=None,
+                    end_offset=item.end - 1,
+                )
+            )
+            missing += item.end - 1 - offset
+            dead += 1
+            offset = item.end - 1
+            continue
+        if item.offset <= offset:
+            result.redelivered += 1
+            continue
+        if item.offset != offset + 1:
+            raise ValueError(f"partition {partition}: offsets {offset + 1}..{item.offset - 1} were not given")
+        offset = item.offset
+        messages += 1
+
+        def reject(reason: str, item: Incoming = item) -> None:
+            result.dead_letters.append(DeadLetter(reason, topic, partition, item.offset, item.key, item.value))
+
+        action_key, problem = _key_text(item.key)
+        if action_key is None:
+            reject(problem or "unreadable key")
+            dead += 1
+            continue
+        try:
+            events = decode(item.value)
+        except EventDecodeError as exc:
+            reject(str(exc))
+            dead += 1
+            continue
+        state: Mapping[str, Any] | None = states.get(action_key)
+        if state is None:
+            state = load(state_key(action_key))
+        try:
+            folded = evolve(state, events, Position(topic, partition, item.offset), action_key)
+        except Exception as exc:  # the fold is pure and total; should it ever raise, the message is dead-lettered
+            reject(f"internal error while folding: {type(exc).__name__}: {exc}")
+            dead += 1
+            continue
+        if folded.outcome == "anomaly":
+            reject(folded.reason or "anomaly")
+            dead += 1
+            continue
+        if folded.outcome == "duplicate":
+            duplicates += 1
+            if folded.reason == "offset already applied":
+                continue  # the state already holds this message: nothing changes
+        else:
+            applied += 1
+        if folded.baseline_changed:
+            result.baselines_changed += 1
+        states[action_key] = folded.state
+        result.writes[action_key] = folded.state
+
+    result.progress = Progress(offset, messages, applied, duplicates, dead, missing)
+    return result
