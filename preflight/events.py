@@ -356,14 +356,93 @@ def message_headers(events: Sequence[Envelope]) -> list[tuple[str, bytes]]:
     ]
 
 
-def decode_message(data: bytes | None) -> list[Any]:
+class WireEvents(list[Any]):
+    """The events of one message as decoded JSON objects, with the exact text each was read from.
+
+    The texts let a consumer check each event's hash without serialising it again (see
+    `hash_matches`): for an event written in canonical form, the hashed body is its text with the
+    top-level `"hash":"…",` member removed.
+    """
+
+    def __init__(self, events: list[Any], texts: list[str]) -> None:
+        super().__init__(events)
+        self.texts = texts
+
+
+_MESSAGE_DECODER = json.JSONDecoder(parse_constant=_no_constant)
+_WHITESPACE = " \t\n\r"
+
+
+def decode_message(data: bytes | None) -> WireEvents:
     """The events of a message as JSON objects (not yet validated); `EventDecodeError` otherwise."""
     if data is None:
         raise EventDecodeError("tombstone: message has no value")
     try:
-        raw = json.loads(bytes(data).decode("utf-8"))
+        text = bytes(data).decode("utf-8")
+        events, texts = _split_array(text)
     except (ValueError, RecursionError) as exc:
         raise EventDecodeError(f"undecodable bytes: {type(exc).__name__}: {exc}") from exc
-    if not isinstance(raw, list) or not raw:
-        raise EventDecodeError(f"message is a JSON {type(raw).__name__}, not a non-empty array of events")
-    return raw
+    if not events:
+        raise EventDecodeError("message is an empty array, not a run's events")
+    return WireEvents(events, texts)
+
+
+def _split_array(text: str) -> tuple[list[Any], list[str]]:
+    end = len(text)
+    i = _skip(text, 0)
+    if i >= end or text[i] != "[":
+        kind = type(_MESSAGE_DECODER.decode(text)).__name__
+        raise ValueError(f"message is a JSON {kind}, not a non-empty array of events")
+    events: list[Any] = []
+    texts: list[str] = []
+    i = _skip(text, i + 1)
+    if i < end and text[i] == "]":
+        if _skip(text, i + 1) != end:
+            raise ValueError("extra data after the array")
+        return events, texts
+    while True:
+        value, stop = _MESSAGE_DECODER.raw_decode(text, i)
+        events.append(value)
+        texts.append(text[i:stop])
+        i = _skip(text, stop)
+        if i < end and text[i] == ",":
+            i = _skip(text, i + 1)
+            continue
+        if i < end and text[i] == "]" and _skip(text, i + 1) == end:
+            return events, texts
+        raise ValueError(f"malformed array at character {i}")
+
+
+def _skip(text: str, i: int) -> int:
+    while i < len(text) and text[i] in _WHITESPACE:
+        i += 1
+    return i
+
+
+def hash_matches(event: Mapping[str, Any], text: str | None = None) -> bool:
+    """True if `event`'s hash matches its content and `prev_hash`.
+
+    With the exact `text` the event was read from, a canonical event is checked on its text (no
+    re-serialisation); anything else (no text, non-canonical text) falls back to recomputing the
+    canonical form, so the answer never depends on how the producer spaced its JSON.
+    """
+    expected, prev = event.get("hash"), event.get("prev_hash")
+    if not isinstance(expected, str) or not isinstance(prev, str):
+        return False
+    if text is not None:
+        needle = '"hash":' + json.dumps(expected, ensure_ascii=False) + ","
+        at = text.find(needle)
+        if at >= 0:
+            try:
+                body = (text[:at] + text[at + len(needle) :]).encode()
+            except UnicodeEncodeError:
+                return False
+            h = hashlib.sha256(prev.encode())
+            h.update(b"\n")
+            h.update(body)
+            if h.hexdigest() == expected:
+                return True
+    try:
+        return bool(expected == content_hash(prev, event))
+    except (TypeError, ValueError, RecursionError):
+        return False

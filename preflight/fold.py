@@ -15,7 +15,6 @@ The state is a plain JSON-compatible dict so that a table can store it as is.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -27,8 +26,8 @@ from preflight.events import (
     GENESIS_HASH,
     SUPPORTED_EVENT_VERSIONS,
     TAIL_EVENT_TYPES,
-    content_hash,
     decode_event,
+    hash_matches,
 )
 from preflight.records import UNKEYED_RECORD_KEY, ExecutionRecord, RunRef
 
@@ -103,11 +102,15 @@ def check_shape(event: Any) -> str | None:
     return None
 
 
-def _hash_ok(event: Mapping[str, Any]) -> bool:
-    try:
-        return bool(event["hash"] == content_hash(event["prev_hash"], event))
-    except (TypeError, ValueError):
-        return False
+def _working_copy(state: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy `evolve` may change: the containers it mutates are copied, their entries are only ever
+    replaced, never changed in place (a full deep copy of the runs awaiting execution dominated)."""
+    copied = dict(state)
+    for name in ("counts", "awaiting", "recent"):
+        copied[name] = dict(state[name])
+    if state.get("baseline") is not None:
+        copied["baseline"] = dict(state["baseline"])
+    return copied
 
 
 def _remember(bucket: dict[str, Any], run_id: str, entry: dict[str, Any], limit: int) -> None:
@@ -119,9 +122,13 @@ def _remember(bucket: dict[str, Any], run_id: str, entry: dict[str, Any], limit:
 
 def evolve(state: Mapping[str, Any] | None, message: Sequence[Any], position: Position, key: str) -> Folded:
     """Apply one transport message for `key` read at `position`. Pure: `state` is never mutated."""
-    base = copy.deepcopy(dict(state)) if state is not None else initial_state(key)
-    if base.get("partition") == position.partition and position.offset <= base["applied_offset"]:
-        return Folded(base, "duplicate", "offset already applied")
+    if (
+        state is not None
+        and state.get("partition") == position.partition
+        and position.offset <= state["applied_offset"]
+    ):
+        return Folded(dict(state), "duplicate", "offset already applied")
+    base = _working_copy(state) if state is not None else initial_state(key)
     if not isinstance(message, Sequence) or isinstance(message, (str, bytes)) or not message:
         return _anomaly(base, "message is not a non-empty list of events")
     for index, event in enumerate(message):
@@ -136,8 +143,9 @@ def evolve(state: Mapping[str, Any] | None, message: Sequence[Any], position: Po
         return _anomaly(base, f"event action_key does not match the message key {key!r}")
     run_id = next(iter(run_ids))
 
-    for event in message:
-        if not _hash_ok(event):
+    texts = getattr(message, "texts", None) or [None] * len(message)
+    for event, text in zip(message, texts, strict=True):
+        if not hash_matches(event, text):
             return _anomaly(base, f"broken hash chain: seq {event['seq']} hash does not match its content")
 
     if message[0]["event_type"] in TAIL_EVENT_TYPES:
@@ -212,7 +220,8 @@ def _apply_tail(state: dict[str, Any], run_id: str, events: Sequence[Mapping[str
     baseline_changed = False
     if executed:
         try:
-            record = rebuild_record([decode_event(e) for e in [*waiting["events"], tail]])
+            # The run's chain and the tail's link were verified as they arrived.
+            record = rebuild_record([decode_event(e) for e in [*waiting["events"], tail]], verify=False)
         except (EventDecodeError, ChainError) as exc:
             return _anomaly(state, f"executed run cannot be rebuilt: {exc}")
         if record.execution_decision != "executed":
