@@ -127,3 +127,35 @@ class TestRebuildAndChain:
         data["field"]["value"] = "6666"
         with pytest.raises(ChainError, match="seq 3"):
             verify_run([*events[:3], decode_event(data), *events[4:]])
+
+
+class TestWireText:
+    """A consumer checks hashes on the text it read; the answer never depends on the producer's spacing."""
+
+    async def test_hashes_verify_on_canonical_text_and_on_reformatted_json(self) -> None:
+        import json
+
+        from preflight.events import hash_matches
+
+        events = list((await decide()).run_events)
+        wire = decode_message(encode_message(events))
+        assert wire.texts == [encode_event(e).decode() for e in events]
+        assert all(hash_matches(e, t) for e, t in zip(wire, wire.texts, strict=True))
+        pretty = json.dumps([e.model_dump(mode="json") for e in events], indent=2).encode()
+        spaced = decode_message(pretty)
+        assert all(hash_matches(e, t) for e, t in zip(spaced, spaced.texts, strict=True))
+
+    async def test_an_edit_in_the_text_is_caught(self) -> None:
+        from preflight.events import hash_matches
+
+        events = list((await decide()).run_events)
+        raw = encode_message(events).replace(b"1102534471", b"1102534479")
+        wire = decode_message(raw)
+        assert not all(hash_matches(e, t) for e, t in zip(wire, wire.texts, strict=True))
+
+    @pytest.mark.parametrize("data", [b"", b"{}", b"[]", b"[1,]", b"[1] 2", b"[NaN]", b"\xff"])
+    def test_malformed_messages_are_refused(self, data: bytes) -> None:
+        from preflight.errors import EventDecodeError
+
+        with pytest.raises(EventDecodeError):
+            decode_message(data)
