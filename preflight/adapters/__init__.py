@@ -5,4 +5,6 @@ stream processor or database. Each adapter lives in its own module and imports i
 there, so `import preflight` (or `import preflight.adapters`) never pulls one in:
 
 * `preflight.adapters.kafka` -- `KafkaEventSink`, the agent-side publisher of run events (aiokafka).
+* `preflight.adapters.baseline` -- `BaselineStorage`, tier 4's reader of the fold worker's baseline
+  view, with read-your-writes from the sink's acknowledged positions (stdlib HTTP only).
 """
