@@ -1,0 +1,287 @@
+"""Projector throughput against a bulk Arrow insert of the same rows, on the same machine, in one run.
+
+Publishes ~200k realistic events to a fresh topic on an embedded broker: runs made by the real engine
+over several tools and every decision path (executed and failed with their outcome message, asked for
+a missing value, tool not confirmed, intent not settled, deferred, checklist item without an id, tool
+definition without a schema), re-keyed over many users and agents and re-chained so that every run is
+distinct and hash-valid; one message per run, plus one per outcome. Then it measures:
+
+  (a) the projector (`projections.Projector`) from offset 0 to the end into a fresh DuckDB file:
+      consume, decode, verify, plan and write in batches, offsets committed with each; events/s;
+  (b) the limit: the same rows (planned in memory beforehand, untimed) inserted into another fresh
+      DuckDB file as Arrow tables in one transaction by the same SQL; events/s;
+
+and prints both and (a)/(b) (target >= 0.5). Everything started is stopped; the files are deleted.
+
+    python bench/projector.py [--events 200000] [--users 2000] [--partitions 2] [--batch-size 2000]
+                              [--decode-workers N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import shutil
+import tempfile
+import time
+import uuid
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from aiokafka import AIOKafkaProducer
+
+from infra.brokers import create_topics
+from infra.embedded import EmbeddedBroker
+from preflight import MemoryEventSink, MemoryStorage, create_preflight
+from preflight.events import canonical_json, content_hash
+from projections import Projector, open_database
+from projections.decode import Incoming
+from projections.projector import default_decode_workers, tune_interpreter
+from projections.rows import plan_batch, prepare_all, to_arrow
+from projections.store import sql, write_batch
+
+TEMPLATE_USER = "tplusr000"
+TEMPLATE_AGENT = "tplagent0"
+
+TOOLS: dict[str, dict[str, Any]] = {
+    "bank.transfer": {
+        "name": "bank.transfer",
+        "description": "Transfers are final.",
+        "inputSchema": {
+            "type": "object",
+            "properties": {"from_account": {"type": "string"}, "amount": {"type": "integer"}, "to_account": {}},
+            "required": ["from_account", "amount", "to_account"],
+        },
+    },
+    "calendar.create_event": {
+        "name": "calendar.create_event",
+        "inputSchema": {"type": "object", "required": ["title", "start", "attendees"]},
+    },
+    "email.send": {
+        "name": "email.send",
+        "inputSchema": {"type": "object", "required": ["to", "subject", "body", "reply_to"]},
+    },
+}
+#: (path, weight). Executed and failed runs also carry an outcome message.
+MIX = (
+    ("executed", 30),
+    ("failed", 4),
+    ("ask_value", 30),
+    ("tool_undetermined", 8),
+    ("intent_undetermined", 6),
+    ("deferred", 14),
+    ("checklist_id_hold", 4),
+    ("definition_hold", 4),
+)
+
+
+def _hooks(path: str) -> dict[str, Any]:
+    def classify(instruction: Any) -> str:
+        if path == "intent_undetermined":
+            return "sometime"
+        return "scheduled" if path == "deferred" else "immediate"
+
+    def extract(field: str, instruction: Any) -> dict[str, Any] | None:
+        if field in ("amount", "title", "subject"):
+            return {"value": 500000 if field == "amount" else "quarterly review", "segment_index": 0, "span": [5, 12]}
+        return None
+
+    def measure(field: str, ctx: Any) -> dict[str, Any] | None:
+        return {"valid": True, "value": "2025-07-01T09:00:00Z"} if field == "start" else None
+
+    def policy(record: dict[str, Any], ctx: Any) -> dict[str, Any]:
+        if path == "deferred" and record.get("status") == "unknown":
+            return {**record, "pending_at_trigger": True}
+        return record
+
+    return {
+        "classify_when_case": classify,
+        "extract_user_action_name": lambda instruction: "do what I said",
+        "confirm_tool_name_matches_intent": lambda c2, tool: {
+            "approved": path != "tool_undetermined",
+            "reason": "matches" if path != "tool_undetermined" else "the user asked for something else",
+        },
+        "extract_from_instruction": extract,
+        "measure_from_environment": measure,
+        "build_action_key": lambda user_id, fixed: f"{user_id}:{fixed['c3_provider_action_name']}",
+        "apply_field_policy": policy,
+        "validate_field_schema": lambda value, schema, ctx: None,
+        "verify_user_checklist_item": lambda item, ctx: {**item, "status": "verified", "source": "measured_data"},
+    }
+
+
+async def templates() -> dict[tuple[str, str], list[list[dict[str, Any]]]]:
+    """Per (tool, path), the JSON events of one engine run (and its outcome message)."""
+    made: dict[tuple[str, str], list[list[dict[str, Any]]]] = {}
+    for tool_name, tool in TOOLS.items():
+        required = tool["inputSchema"]["required"]
+        for path, _ in MIX:
+            pf = create_preflight(hooks=_hooks(path), storage=MemoryStorage(), sink=MemoryEventSink())
+            answers = {f: f"answer-{f}" for f in required if f not in ("amount", "title", "subject", "start")}
+            run_tool = {k: v for k, v in tool.items() if k != "inputSchema"} if path == "definition_hold" else tool
+            state = await pf.run_and_record(
+                {
+                    "user_id": TEMPLATE_USER,
+                    "agent_id": TEMPLATE_AGENT,
+                    "instruction": [{"text": "send 500,000 won to my landlord", "trust": "user"}],
+                    "tool": run_tool,
+                    "pre_set_data": {"from_account": {"value": "1102534471", "trust": "user", "origin": "profile"}},
+                    "user_answers": {} if path in ("ask_value", "deferred") else answers,
+                    "user_checklist": [{"description": "no id"}]
+                    if path == "checklist_id_hold"
+                    else [{"id": "chk_limit", "description": "within daily limit"}],
+                }
+            )
+            messages = [[e.model_dump(mode="json") for e in state.run_events]]
+            if path in ("executed", "failed"):
+
+                def call(name: str, args: dict[str, Any], fail: bool = path == "failed") -> str:
+                    if fail:
+                        raise RuntimeError("provider error")
+                    return "ok"
+
+                done = await pf.execute_if_ready(state, run_tool, call)
+                assert done.status == path, done.reason
+                messages.append([done.state.run_events[-1].model_dump(mode="json")])
+            made[(tool_name, path)] = messages
+    return made
+
+
+def rechain(template: list[list[dict[str, Any]]], user: str, agent: str) -> list[bytes]:
+    """A copy of a template run for `user`/`agent`, with fresh ids and its chain recomputed."""
+    text = json.dumps(template).replace(TEMPLATE_USER, user).replace(TEMPLATE_AGENT, agent)
+    olds = {e["run_id"] for m in template for e in m} | {
+        e["decision_id"] for m in template for e in m if "decision_id" in e
+    }
+    for old in olds:
+        text = text.replace(old, str(uuid.uuid4()))
+    messages: list[list[dict[str, Any]]] = json.loads(text)
+    prev = "0" * 64
+    encoded = []
+    for message in messages:
+        for event in message:
+            event["event_id"] = str(uuid.uuid4())
+            event["prev_hash"] = prev
+            if event["event_type"] == "run_closed":
+                event["last_hash"] = prev
+            event.pop("hash")
+            event["hash"] = content_hash(prev, event)
+            prev = event["hash"]
+        encoded.append(b"[" + b",".join(canonical_json(e) for e in message) + b"]")
+    return encoded
+
+
+async def workload(n_events: int, n_users: int, seed: int = 11) -> tuple[list[tuple[bytes, bytes]], int, Counter[str]]:
+    made = await templates()
+    rng = random.Random(seed)
+    keys = list(made)
+    weights = [dict(MIX)[path] for _, path in keys]
+    messages: list[tuple[bytes, bytes]] = []
+    events = 0
+    mix: Counter[str] = Counter()
+    while events < n_events:
+        tool, path = rng.choices(keys, weights)[0]
+        user = f"user{rng.randrange(n_users):05d}"
+        agent = f"agent{rng.randrange(7)}"
+        template = made[(tool, path)]
+        for value in rechain(template, user, agent):
+            key = json.loads(value)[0]["action_key"] or "__preflight_unkeyed__"
+            messages.append((key.encode(), value))
+        events += sum(len(m) for m in template)
+        mix[path] += 1
+    return messages, events, mix
+
+
+async def publish(bootstrap: str, topic: str, messages: Sequence[tuple[bytes, bytes]]) -> dict[int, int]:
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap, acks="all", linger_ms=20, max_batch_size=1 << 20, max_request_size=4 << 20
+    )
+    await producer.start()
+    ends: dict[int, int] = {}
+    try:
+        pending = []
+        for key, value in messages:
+            pending.append(await producer.send(topic, key=key, value=value))
+            if len(pending) >= 5000:
+                for md in await asyncio.gather(*pending):
+                    ends[md.partition] = max(ends.get(md.partition, 0), md.offset + 1)
+                pending = []
+        for md in await asyncio.gather(*pending):
+            ends[md.partition] = max(ends.get(md.partition, 0), md.offset + 1)
+    finally:
+        await producer.stop()
+    return ends
+
+
+def bulk_insert(path: Path, topic: str, messages: Sequence[tuple[bytes, bytes]]) -> tuple[float, int]:
+    """Seconds to insert every row the projector would write, in one transaction, and the event count."""
+    incoming = [Incoming(topic, 0, offset, key, value) for offset, (key, value) in enumerate(messages)]
+    plan = plan_batch(prepare_all(incoming), {}, projection="bench", next_offsets={})
+    tables = to_arrow(plan)
+    con = open_database(path)
+    try:
+        con.execute(sql("writer_settings"))  # as the projector's writer has them
+        start = time.perf_counter()
+        write_batch(con, tables, expected_events=plan.archived)
+        return time.perf_counter() - start, plan.archived
+    finally:
+        con.close()
+
+
+async def bench(args: argparse.Namespace) -> None:
+    tune_interpreter()  # as `python -m projections` does for its process
+    t0 = time.perf_counter()
+    messages, n_events, mix = await workload(args.events, args.users)
+    print(f"workload: {len(messages)} messages, {n_events} events, {dict(mix)} ({time.perf_counter() - t0:.1f} s)")
+    work = Path(tempfile.mkdtemp(prefix="bench-projector-"))
+    try:
+        with EmbeddedBroker() as broker:
+            topic = f"bench.projector.{uuid.uuid4().hex[:8]}"
+            await create_topics(broker.bootstrap_servers, [topic], partitions=args.partitions)
+            t0 = time.perf_counter()
+            ends = await publish(broker.bootstrap_servers, topic, messages)
+            print(f"published in {time.perf_counter() - t0:.1f} s; end offsets {ends}")
+
+            async with Projector(
+                work / "live.duckdb",
+                broker.bootstrap_servers,
+                topic,
+                batch_size=args.batch_size,
+                decode_workers=args.decode_workers,
+            ) as projector:
+                start = time.perf_counter()
+                stats = await projector.run_until(ends, timeout_s=900)
+                projector_s = time.perf_counter() - start
+            print(f"projector: {stats}")
+            stages = ", ".join(f"{name} {secs:.2f}" for name, secs in stats.seconds.items())
+            print(f"  seconds by stage (event loop: fetch, decode, wait; writer thread: the rest): {stages}")
+
+        insert_s, inserted = bulk_insert(work / "bulk.duckdb", topic, messages)
+        a = stats.events / projector_s
+        b = inserted / insert_s
+        print(
+            f"(a) projector, offset 0 to end, batches of {args.batch_size}, {args.decode_workers} decode worker(s):"
+            f" {a:,.0f} events/s ({projector_s:.2f} s)"
+        )
+        print(f"(b) bulk Arrow insert of the same rows, one transaction: {b:,.0f} events/s ({insert_s:.2f} s)")
+        print(f"ratio (a)/(b) = {a / b:.2f} (target >= 0.5)")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--events", type=int, default=200_000)
+    parser.add_argument("--users", type=int, default=2_000)
+    parser.add_argument("--partitions", type=int, default=2)
+    parser.add_argument("--batch-size", type=int, default=2_000)
+    parser.add_argument("--decode-workers", type=int, default=default_decode_workers())
+    asyncio.run(bench(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,366 @@
+"""From one Kafka message to verified events, or to the reason it cannot be projected (pure).
+
+A message carries a whole run (seq 0 .. `run_closed`) or one tail event (`executed` /
+`execution_failed`), as a JSON array (`preflight.events.encode_message`). `decode_incoming` checks,
+in this order, everything that can be judged from the message alone: it has a value and a key, it
+is a non-empty JSON array, every event is of a known type and supported version and validates
+strictly against its model, every `event_id` is a UUID, every hash matches its content, and a run
+message is one intact chain (contiguous `seq` from 0, each `prev_hash` linked, closed by a single
+`run_closed` whose count and last hash match, under the Kafka key of its `action_key`, with the one
+decision event its close announces). Anything else becomes a `Rejected` with a code and a reason,
+destined for `dead_letters`. What needs the stored projection (is this run new? does this outcome
+link to its run's stored last hash?) is judged later, in `projections.rows.plan_batch`.
+
+The chain rules are those of `preflight.events.verify_run` (the unit tests compare the two on
+altered runs), plus the transport's (one run per message, the outcome in a message of its own).
+
+Two paths, one verdict. The fast path validates the whole message strictly in one pydantic call and
+hashes each event's sorted `orjson` dump, which is byte for byte `preflight.events.canonical_json` for
+every string and integer; orjson spells some floats differently, so a message holding a float (or an
+integer beyond 64 bits, or anything the fast path does not accept) takes the reference path: read
+with the standard library, validated event by event with `preflight.events.decode_event`, hashed with
+`preflight.events.content_hash` itself, which also names the precise defect.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+import orjson
+from pydantic import TypeAdapter, ValidationError
+
+from preflight.errors import EventDecodeError
+from preflight.events import (
+    EVENT_TYPES,
+    GENESIS_HASH,
+    SUPPORTED_EVENT_VERSIONS,
+    TAIL_EVENT_TYPES,
+    ChecklistItemVerified,
+    Executed,
+    ExecutionFailed,
+    FieldResolved,
+    GateBlocked,
+    PreflightEvent,
+    RunClosed,
+    canonical_json,
+    content_hash,
+    decode_event,
+)
+
+__all__ = [
+    "Decoded",
+    "Incoming",
+    "Rejected",
+    "VerifiedRun",
+    "VerifiedTail",
+    "decode_incoming",
+]
+
+_SORTED: Final = orjson.OPT_SORT_KEYS
+_MESSAGE: Final[TypeAdapter[list[PreflightEvent]]] = TypeAdapter(list[PreflightEvent])
+_UUID = re.compile(r"[0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{12}")
+_DECISION_EVENT: Final = {
+    "execute": "execution_approved",
+    "ask_user": "gate_blocked",
+    "hold": "gate_blocked",
+    "deferred": "run_deferred",
+}
+_DECISION_EVENTS: Final = frozenset(_DECISION_EVENT.values())
+
+
+@dataclass(frozen=True, slots=True)
+class Incoming:
+    """One consumed Kafka message, as the projector needs it (a plain value: no client objects)."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    timestamp_ms: int | None = None
+    headers: tuple[tuple[str, bytes], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    """A message that cannot be projected: it goes to `dead_letters` with `code` and `reason`."""
+
+    incoming: Incoming
+    code: str
+    reason: str
+    run_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class VerifiedRun:
+    """A whole run, intact: its events in `seq` order and the canonical JSON of each."""
+
+    incoming: Incoming
+    run_id: str
+    events: tuple[PreflightEvent, ...]
+    encoded: tuple[str, ...]
+
+    @property
+    def close(self) -> RunClosed:
+        event = self.events[-1]
+        assert isinstance(event, RunClosed)
+        return event
+
+
+@dataclass(frozen=True, slots=True)
+class VerifiedTail:
+    """One `executed` / `execution_failed` event whose own hash is intact (its link is checked later)."""
+
+    incoming: Incoming
+    run_id: str
+    event: Executed | ExecutionFailed
+    encoded: str
+
+
+Decoded = VerifiedRun | VerifiedTail | Rejected
+
+
+class _Reject(Exception):
+    def __init__(self, code: str, reason: str, run_id: str | None = None) -> None:
+        super().__init__(reason)
+        self.code = code
+        self.reason = reason
+        self.run_id = run_id
+
+
+def decode_incoming(incoming: Incoming) -> Decoded:
+    """Judge one message on its own: a verified run, a tail whose hash is intact, or a rejection."""
+    try:
+        return _decode(incoming)
+    except _Reject as rejection:
+        return Rejected(incoming, rejection.code, rejection.reason, rejection.run_id)
+
+
+def _decode(incoming: Incoming) -> Decoded:
+    if incoming.value is None:
+        raise _Reject("tombstone", "tombstone: the message has no value")
+    if incoming.key is None:
+        raise _Reject("no_key", "the message has no key (events are keyed by action_key)")
+    try:
+        key = incoming.key.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise _Reject("undecodable", f"the message key is not UTF-8: {exc}") from exc
+
+    fast = _fast_path(incoming.value)
+    if fast is not None:
+        events, encoded = fast
+    else:
+        events, encoded = _reference_path(incoming.value)
+    run_id: str | None = events[0].run_id
+
+    if len({e.run_id for e in events}) != 1:
+        raise _Reject("mixed_runs", "the message mixes events of several runs", run_id)
+    run_id = events[0].run_id
+    for event in events:
+        if event.kafka_key != key:
+            raise _Reject(
+                "key_mismatch",
+                f"seq {event.seq} has action_key {event.action_key!r} but the message key is {key!r}",
+                run_id,
+            )
+
+    if events[0].event_type in TAIL_EVENT_TYPES:
+        if len(events) != 1:
+            raise _Reject("incomplete_run", "a tail message carries exactly one outcome event", run_id)
+        tail = events[0]
+        assert isinstance(tail, (Executed, ExecutionFailed))
+        return VerifiedTail(incoming, run_id, tail, encoded[0])
+    _check_run(events, run_id)
+    return VerifiedRun(incoming, run_id, tuple(events), tuple(encoded))
+
+
+def _fast_path(value: bytes) -> tuple[list[PreflightEvent], list[str]] | None:
+    """The events of a message that validates strictly as a whole and hashes through orjson, else None.
+
+    None sends the message down the reference path, which finds the precise defect (or accepts a
+    message this path could not judge exactly). For a strictly valid event, the model's `__dict__`
+    holds exactly the JSON it was read from, so its sorted orjson dump is the canonical form.
+    """
+    try:
+        events = _MESSAGE.validate_json(value, strict=True)
+    except ValidationError:
+        return None
+    if not events:
+        return None
+    texts: list[str] = []
+    for event in events:
+        if event.schema_version not in SUPPORTED_EVENT_VERSIONS or not _UUID.fullmatch(event.event_id):
+            return None
+        body = event.__dict__
+        if _has_float(body):
+            return None
+        try:
+            full = orjson.dumps(body, option=_SORTED)
+        except TypeError:  # an integer beyond 64 bits
+            return None
+        hashed = _without_hash(full, event.hash)
+        if hashed is None or hashlib.sha256(event.prev_hash.encode() + b"\n" + hashed).hexdigest() != event.hash:
+            return None
+        texts.append(full.decode("utf-8"))
+    return events, texts
+
+
+def _reference_path(value: bytes) -> tuple[list[PreflightEvent], list[str]]:
+    """Every event read, validated and hashed one by one; raises `_Reject` naming the first defect."""
+    raw, exact = _parse(value)
+    if not isinstance(raw, list) or not raw:
+        raise _Reject("not_an_event_array", f"the message is a JSON {type(raw).__name__}, not a non-empty array")
+    run_id = _run_id_of(raw)
+    events: list[PreflightEvent] = []
+    encoded: list[str] = []
+    for index, item in enumerate(raw):
+        event, text = _verified_event(item, index, exact, run_id)
+        events.append(event)
+        encoded.append(text)
+    return events, encoded
+
+
+def _parse(value: bytes) -> tuple[Any, bool]:
+    """The message's JSON, and whether orjson read it exactly (no floats, no out-of-range integers)."""
+    try:
+        raw = orjson.loads(value)
+    except orjson.JSONDecodeError:
+        pass
+    else:
+        if not _has_float(raw):
+            return raw, True
+    try:
+        return json.loads(bytes(value).decode("utf-8")), False
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError, JSONDecodeError, nesting
+        raise _Reject("undecodable", f"undecodable bytes: {type(exc).__name__}: {exc}") from exc
+
+
+def _has_float(value: Any) -> bool:
+    kind = type(value)
+    if kind is float:
+        return True
+    if kind is dict:
+        items: Any = value.values()
+    elif kind is list:
+        items = value
+    else:
+        return False
+    for item in items:
+        inner = type(item)
+        if inner is str or inner is int or inner is bool or item is None:
+            continue
+        if inner is float or _has_float(item):
+            return True
+    return False
+
+
+def _run_id_of(raw: list[Any]) -> str | None:
+    first = raw[0]
+    if isinstance(first, dict) and isinstance(first.get("run_id"), str):
+        run_id: str = first["run_id"]
+        return run_id
+    return None
+
+
+def _verified_event(item: Any, index: int, exact: bool, run_id: str | None) -> tuple[PreflightEvent, str]:
+    where = f"event {index}"
+    if not isinstance(item, dict):
+        raise _Reject("malformed_event", f"{where} is a JSON {type(item).__name__}, not an object", run_id)
+    event_type = item.get("event_type")
+    if not isinstance(event_type, str) or event_type not in EVENT_TYPES:
+        raise _Reject("unknown_event_type", f"{where}: unknown event_type {event_type!r:.80}", run_id)
+    version = item.get("schema_version")
+    if type(version) is not int or version not in SUPPORTED_EVENT_VERSIONS:
+        reason = f"{where}: unsupported schema_version {version!r:.80} for {event_type}"
+        raise _Reject("unsupported_schema_version", reason, run_id)
+    try:
+        event = decode_event(item)
+    except EventDecodeError as exc:
+        raise _Reject("malformed_event", f"{where}: {exc}", run_id) from exc
+    if not _UUID.fullmatch(event.event_id):
+        raise _Reject("event_id_not_uuid", f"{where}: event_id {event.event_id!r:.80} is not a UUID", run_id)
+    text = _hashed_text(item, exact)
+    if text is None:
+        raise _Reject(
+            "broken_chain", f"{where} (seq {event.seq}, {event_type}): hash does not match its content", event.run_id
+        )
+    return event, text
+
+
+def _hashed_text(item: dict[str, Any], exact: bool) -> str | None:
+    """The event's canonical JSON if its `hash` matches its content and `prev_hash`, else None."""
+    claimed = item["hash"]
+    prev = item["prev_hash"]
+    if exact:
+        full = orjson.dumps(item, option=_SORTED)
+        body = _without_hash(full, claimed)
+        if body is not None:
+            digest = hashlib.sha256(prev.encode() + b"\n" + body).hexdigest()
+            if digest == claimed:
+                return full.decode("utf-8")
+    # The reference computation: floats, integers orjson cannot hold, or a fast-path miss.
+    try:
+        if claimed != content_hash(prev, item):
+            return None
+        return canonical_json(item).decode("utf-8")
+    except (TypeError, ValueError):  # NaN / Infinity, or a lone surrogate: no canonical form
+        return None
+
+
+def _without_hash(full: bytes, claimed: str) -> bytes | None:
+    """`full` without its top-level `"hash"` member (the hashed body), or None if it is not found.
+
+    Keys are sorted, so the member is found by its exact bytes; a nested object holding the same
+    member first only makes the digest differ, and the reference computation then decides.
+    """
+    member = b'"hash":' + orjson.dumps(claimed)
+    at = full.find(b"," + member)
+    if at >= 0:
+        return full[:at] + full[at + 1 + len(member) :]
+    if full.startswith(b"{" + member + b","):
+        return b"{" + full[len(member) + 2 :]
+    return None
+
+
+def _check_run(events: Sequence[PreflightEvent], run_id: str) -> None:
+    """A run message's chain and shape (see the module doc); raises `_Reject` naming the first defect."""
+    prev = GENESIS_HASH
+    for position, event in enumerate(events):
+        where = f"seq {event.seq} ({event.event_type})"
+        if event.seq != position:
+            kind = "repeated" if event.seq < position else "gap in"
+            raise _Reject("broken_chain", f"{where}: {kind} seq, expected {position}", run_id)
+        if event.prev_hash != prev:
+            raise _Reject("broken_chain", f"{where}: prev_hash does not link to the previous event", run_id)
+        prev = event.hash
+    types = [e.event_type for e in events]
+    if types[0] != "run_started" or "run_started" in types[1:]:
+        raise _Reject("incomplete_run", "a run message starts with its single run_started event", run_id)
+    if types[-1] != "run_closed" or "run_closed" in types[:-1]:
+        raise _Reject("incomplete_run", "a run message ends with its single run_closed event (truncated?)", run_id)
+    if any(t in TAIL_EVENT_TYPES for t in types):
+        raise _Reject("incomplete_run", "an outcome travels in its own message, after its run", run_id)
+    close = events[-1]
+    assert isinstance(close, RunClosed)
+    if close.event_count != len(events) or close.last_hash != close.prev_hash:
+        raise _Reject("broken_chain", "run_closed count or last hash does not match the run", run_id)
+    wanted = _DECISION_EVENT[close.decision]
+    found = [t for t in types if t in _DECISION_EVENTS]
+    if found != [wanted]:
+        raise _Reject(
+            "incomplete_run", f"a {close.decision} run carries exactly one {wanted} event (found {found})", run_id
+        )
+    for event in events:
+        if isinstance(event, GateBlocked) and event.decision != close.decision:
+            raise _Reject("incomplete_run", f"gate_blocked says {event.decision}, run_closed {close.decision}", run_id)
+    names = [e.field.get("name") for e in events if isinstance(e, FieldResolved)]
+    if not all(isinstance(n, str) and n for n in names) or len(set(names)) != len(names):
+        raise _Reject("unprojectable", "field_resolved events need distinct, non-empty field names", run_id)
+    indexes = [e.index for e in events if isinstance(e, ChecklistItemVerified)]
+    if len(set(indexes)) != len(indexes):
+        raise _Reject("unprojectable", "checklist_item_verified events repeat an item index", run_id)

@@ -1,0 +1,787 @@
+"""The projector: consume the events topic into a DuckDB file, each batch exactly once in effect.
+
+It reads with its own consumer (group id = the projection's name, partitions assigned by hand, no
+auto-commit) and keeps its read position in the database itself (`consumer_offsets`), written in the
+same DuckDB transaction as the rows of the batch it covers. On start it seeks each partition to the
+stored offset (offset 0 when none is stored). Kafka's committed offsets are written only as a
+courtesy for lag monitors (`kafka_commit_interval_s`) and are never read back.
+
+Per batch (`getmany`, up to `batch_size` messages): decode and verify every message and build its
+rows (pure: `projections.rows.prepare`, in the event loop or in `decode_workers` processes), look up
+the stored runs the batch mentions through a second connection (it sees committed data), and plan (pure:
+`projections.rows.plan_batch`) against the database as it will be once the batch in flight commits;
+then hand the plan to the one writer thread, which writes its rows and the new offsets in one
+transaction (`projections.store.write_batch`). While it does, the event loop fetches, decodes and
+plans the next batch.
+
+A crash anywhere loses at most the uncommitted batch, which is read again from the stored offsets;
+a redelivered message or run changes nothing (offsets, then closing hash, then event_id). A message
+that cannot be projected becomes a row in `dead_letters`; it never stops the projector and never
+leaves an offset unaccounted for.
+
+`run_until(end_offsets)` projects up to given offsets (tests, demo, replay); `run_forever(stop)` until
+an event is set; `replay(path, ...)` rebuilds every projection from offset 0 into a fresh file, and
+`projections.store.compare_projections` compares it with the live one. ``python -m projections
+--help`` runs either from a shell.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import multiprocessing
+import os
+import signal
+import sys
+import threading
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Final, Self
+
+import duckdb
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.errors import KafkaError, OffsetOutOfRangeError
+
+from projections.decode import Incoming, Rejected
+from projections.errors import (
+    BrokerError,
+    DatabaseError,
+    LogGapError,
+    ProjectionTimeout,
+    ReplayTargetExistsError,
+)
+from projections.rows import Plan, Prepared, StoredRun, plan_batch, prepare_all, to_arrow
+from projections.store import (
+    EventIdConflict,
+    compare_projections,
+    load_offsets,
+    lookup_runs,
+    open_database,
+    sql,
+    taken_event_ids,
+    write_batch,
+)
+
+__all__ = [
+    "DEFAULT_GROUP",
+    "DEFAULT_TOPIC",
+    "Projector",
+    "ProjectorStats",
+    "default_decode_workers",
+    "log_end_offsets",
+    "main",
+    "replay",
+    "tune_interpreter",
+]
+
+log = logging.getLogger(__name__)
+
+#: How often the interpreter hands the GIL over in a projector process (see `tune_interpreter`).
+SWITCH_INTERVAL_S: Final = 0.001
+
+DEFAULT_TOPIC: Final = "preflight.events"
+DEFAULT_GROUP: Final = "preflight-projector"
+REPLAY_GROUP: Final = "preflight-replay"
+
+
+@dataclass
+class ProjectorStats:
+    """What the projector has done since it started (counters from every committed batch)."""
+
+    counts: Counter[str] = field(default_factory=Counter)
+    batches: int = 0
+    #: Seconds spent per stage: fetch, decode, wait (for the writer), lookup, plan, arrow, write.
+    seconds: defaultdict[str, float] = field(default_factory=lambda: defaultdict(float))
+
+    def add(self, plan: Plan) -> None:
+        self.counts.update(plan.counts)
+        self.batches += 1
+
+    @property
+    def events(self) -> int:
+        return self.counts["events"]
+
+    @property
+    def messages(self) -> int:
+        return self.counts["messages"]
+
+    def __str__(self) -> str:
+        c = self.counts
+        return (
+            f"{c['messages']} messages, {c['events']} events archived ({c['runs']} runs, {c['outcomes']} outcomes),"
+            f" {c['duplicates']} duplicates, {c['redelivered']} redelivered, {c['dead_letters']} dead letters,"
+            f" {self.batches} batches"
+        )
+
+
+@dataclass(frozen=True)
+class _Batch:
+    """A planned batch on its way to the writer, with what it was planned from (to plan it again)."""
+
+    prepared: list[Prepared]
+    stored: dict[str, StoredRun]
+    next_offsets: dict[tuple[str, int], int]
+    plan: Plan
+    tables: dict[str, Any]
+
+
+class Projector:
+    """Consumes `topic` into the DuckDB file `database` (see the module doc).
+
+    Use as ``async with Projector(path, bootstrap, topic) as p: await p.run_until(ends)``, or call
+    `start` and `stop`. One projector writes a database file at a time (DuckDB allows one writing
+    process); the tables are shared by whatever projection name it is given.
+
+    :param group_id: the projection's name: its consumer group and its key in `consumer_offsets`.
+    :param batch_size: most messages per batch (one transaction).
+    :param before_commit: called in the writer thread inside each batch's transaction, after its last
+        write and before COMMIT (tests use it to kill the process at that point).
+    :param on_batch: called in the event loop after each committed batch with its plan.
+    :param kafka_commit_interval_s: how often to also commit the stored offsets to Kafka for lag
+        monitors (best effort; ``None`` never). Never read back.
+    :param decode_workers: processes that decode, verify and build rows (0: in the event loop). Decoding
+        is pure Python; in other processes it runs beside the writer instead of taking turns with it
+        for the GIL. `default_decode_workers()` suits a machine the projector has to itself.
+    """
+
+    def __init__(
+        self,
+        database: str | Path,
+        bootstrap_servers: str,
+        topic: str = DEFAULT_TOPIC,
+        *,
+        group_id: str = DEFAULT_GROUP,
+        batch_size: int = 2_000,
+        poll_timeout_ms: int = 200,
+        start_timeout_s: float = 30.0,
+        request_timeout_ms: int = 30_000,
+        kafka_commit_interval_s: float | None = 5.0,
+        decode_workers: int = 0,
+        before_commit: Callable[[], None] | None = None,
+        on_batch: Callable[[Plan], None] | None = None,
+    ) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        if decode_workers < 0:
+            raise ValueError(f"decode_workers must not be negative, got {decode_workers}")
+        self._path = Path(database)
+        self._bootstrap = bootstrap_servers
+        self._topic = topic
+        self._group = group_id
+        self._batch_size = batch_size
+        self._poll_timeout_ms = poll_timeout_ms
+        self._start_timeout_s = start_timeout_s
+        self._request_timeout_ms = request_timeout_ms
+        self._kafka_commit_interval_s = kafka_commit_interval_s
+        self._decode_workers = decode_workers
+        self._pool: ProcessPoolExecutor | None = None
+        self._before_commit = before_commit
+        self._on_batch = on_batch
+        self._con: duckdb.DuckDBPyConnection | None = None
+        self._consumer: Any = None
+        self._partitions: list[Any] = []
+        self._executor: ThreadPoolExecutor | None = None
+        self._reader: duckdb.DuckDBPyConnection | None = None
+        self._pending: asyncio.Future[Plan] | None = None
+        self._in_flight: _Batch | None = None
+        self._unaccounted = False
+        self._committed: dict[tuple[str, int], int] = {}
+        self._last_kafka_commit = 0.0
+        self._kafka_commit_failed = False
+        self.stats = ProjectorStats()
+
+    # ---- lifecycle ------------------------------------------------------------------------------------
+
+    @property
+    def topic(self) -> str:
+        return self._topic
+
+    @property
+    def decode_worker_pids(self) -> list[int]:
+        """The process ids of the decode workers (empty without any)."""
+        processes: dict[int, Any] = getattr(self._pool, "_processes", None) or {}
+        return sorted(processes)
+
+    @property
+    def partitions(self) -> list[int]:
+        """The partitions of the topic this projector reads (known after `start`)."""
+        return [tp.partition for tp in self._partitions]
+
+    def committed_offsets(self) -> dict[int, int]:
+        """Each partition's next offset as stored in the database by the last committed batch."""
+        return {partition: offset for (topic, partition), offset in self._committed.items() if topic == self._topic}
+
+    async def start(self) -> None:
+        """Open and migrate the database, connect, assign every partition and seek to the stored offsets.
+
+        :raises BrokerError: when the broker does not answer or the topic does not exist.
+        :raises DatabaseError, MigrationError: when the database cannot be opened or migrated.
+        """
+        if self._con is not None:
+            return
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="projector-writer")
+        try:
+            stored = await self._open()
+        except BaseException:
+            await self._close_database()
+            raise
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=self._bootstrap,
+            group_id=self._group,
+            client_id=f"{self._group}-projector",
+            enable_auto_commit=False,
+            auto_offset_reset="none",  # never skip silently: a stored offset the log lost is an error
+            isolation_level="read_committed",
+            max_partition_fetch_bytes=16 << 20,
+            fetch_max_bytes=64 << 20,
+            fetch_max_wait_ms=100,
+            request_timeout_ms=self._request_timeout_ms,
+        )
+        try:
+            async with asyncio.timeout(self._start_timeout_s):
+                await consumer.start()
+                numbers = await _partitions_of(consumer, self._topic)
+                if not numbers:
+                    raise BrokerError(f"topic {self._topic!r} does not exist on {self._bootstrap}: create it first")
+                self._partitions = [TopicPartition(self._topic, p) for p in sorted(numbers)]
+                consumer.assign(self._partitions)
+                for tp in self._partitions:
+                    if tp.partition in stored:
+                        consumer.seek(tp, stored[tp.partition])
+                    else:
+                        await consumer.seek_to_beginning(tp)
+        except BaseException as exc:
+            await consumer.stop()
+            await self._close_database()
+            if isinstance(exc, TimeoutError):
+                raise BrokerError(f"no answer from {self._bootstrap} within {self._start_timeout_s:g} s") from exc
+            if isinstance(exc, KafkaError):
+                raise BrokerError(f"cannot consume {self._topic!r} from {self._bootstrap}: {exc!r}") from exc
+            raise
+        self._consumer = consumer
+        log.info(
+            "projector %s on %s: partitions %s from %s",
+            self._group,
+            self._topic,
+            self.partitions,
+            {p: stored.get(p, 0) for p in self.partitions},
+        )
+
+    async def _open(self) -> dict[int, int]:
+        """Start the decode workers, open and migrate the database; the stored next offsets."""
+        if self._decode_workers:
+            # Spawned, not forked: this process already runs threads (the writer, the Kafka client).
+            pool = ProcessPoolExecutor(
+                self._decode_workers,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=_exit_with_parent,
+                initargs=(os.getpid(),),
+            )
+            self._pool = pool
+            loop = asyncio.get_running_loop()
+            await asyncio.gather(*(loop.run_in_executor(pool, prepare_all, []) for _ in range(self._decode_workers)))
+        con = await self._in_writer(open_database, self._path)
+        self._con = con
+        self._reader = con.cursor()  # a second connection: reads committed data while the writer writes
+        await self._in_writer(con.execute, sql("writer_settings"))
+        stored: dict[int, int] = await self._in_writer(load_offsets, con, self._group, self._topic)
+        self._committed = {(self._topic, p): o for p, o in stored.items()}
+        return stored
+
+    async def stop(self) -> None:
+        """Finish the batch being written (it commits or rolls back whole), then disconnect and close."""
+        try:
+            await self._drain()
+        finally:
+            consumer, self._consumer = self._consumer, None
+            if consumer is not None:
+                await self._commit_to_kafka(consumer, force=True)
+                await consumer.stop()
+            await self._close_database()
+
+    async def _close_database(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            await asyncio.to_thread(pool.shutdown, wait=True, cancel_futures=True)
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            reader.close()
+        con, self._con = self._con, None
+        executor, self._executor = self._executor, None
+        if con is not None and executor is not None:
+            await asyncio.get_running_loop().run_in_executor(executor, con.close)
+        if executor is not None:
+            executor.shutdown(wait=True)
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.stop()
+
+    # ---- running ----------------------------------------------------------------------------------------
+
+    async def run_until(
+        self,
+        end_offsets: Mapping[int, int] | None = None,
+        *,
+        idle_s: float | None = None,
+        timeout_s: float = 60.0,
+    ) -> ProjectorStats:
+        """Project until every partition's stored offset reaches `end_offsets` (partition -> next offset).
+
+        Without `end_offsets`, the log's end offsets when the call starts are the target. With `idle_s`,
+        the call also goes on until no message arrived for `idle_s` seconds. Returns once everything up
+        to the target is committed.
+
+        :raises ProjectionTimeout: when that takes longer than `timeout_s` (committed work stays).
+        """
+        self._require_started()
+        try:
+            async with asyncio.timeout(timeout_s):
+                if self._unaccounted:
+                    await self._rewind()
+                if end_offsets is None:
+                    end_offsets = await log_end_offsets(self._bootstrap, self._topic, self.partitions)
+                targets = {tp: int(end_offsets.get(tp.partition, 0)) for tp in self._partitions}
+                quiet_since = time.monotonic()
+                while True:
+                    if await self._reached(targets) and (idle_s is None or time.monotonic() - quiet_since >= idle_s):
+                        await self._drain()
+                        return self.stats
+                    if await self._poll():
+                        quiet_since = time.monotonic()
+        except TimeoutError as exc:
+            await self._drain()
+            raise ProjectionTimeout(
+                f"projector {self._group} did not reach {dict(end_offsets or {})} within {timeout_s:g} s"
+                f" (committed: {self.committed_offsets()})"
+            ) from exc
+
+    async def run_forever(self, stop: asyncio.Event) -> ProjectorStats:
+        """Project until `stop` is set, then finish the batch in hand and return."""
+        self._require_started()
+        if self._unaccounted:
+            await self._rewind()
+        while not stop.is_set():
+            await self._poll()
+        await self._drain()
+        return self.stats
+
+    def _require_started(self) -> None:
+        if self._consumer is None:
+            raise RuntimeError("the projector is not started (call start() or use `async with`)")
+
+    async def _reached(self, targets: Mapping[Any, int]) -> bool:
+        for tp, target in targets.items():
+            if target > 0 and await self._consumer.position(tp) < target:
+                return False
+        return True
+
+    async def _poll(self) -> int:
+        """Fetch, decode and plan one batch while the previous one is written, then hand it to the writer."""
+        if self._unaccounted:
+            await self._rewind()
+        clock = time.perf_counter()
+        try:
+            batches: dict[Any, list[Any]] = await self._consumer.getmany(
+                *self._partitions, timeout_ms=self._poll_timeout_ms, max_records=self._batch_size
+            )
+        except OffsetOutOfRangeError as exc:
+            raise LogGapError(
+                f"the log of {self._topic!r} no longer holds offsets this projection needs ({exc!r});"
+                f" stored offsets: {self.committed_offsets()}"
+            ) from exc
+        except KafkaError as exc:
+            raise BrokerError(f"reading {self._topic!r} failed: {exc!r}") from exc
+        incoming = [
+            Incoming(
+                topic=tp.topic,
+                partition=tp.partition,
+                offset=int(record.offset),
+                key=record.key,
+                value=record.value,
+                timestamp_ms=record.timestamp,
+                headers=tuple((str(k), bytes(v)) for k, v in record.headers or ()),
+            )
+            for tp, records in batches.items()
+            for record in records
+        ]
+        seconds = self.stats.seconds
+        seconds["fetch"] += time.perf_counter() - clock
+        if not incoming:
+            await self._drain()
+            return 0
+        self._unaccounted = True  # fetched: until the writer has the batch, an interruption must rewind
+        clock = time.perf_counter()
+        prepared = await self._prepared(incoming)
+        seconds["decode"] += time.perf_counter() - clock
+        batch = self._plan(prepared)
+        clock = time.perf_counter()
+        if not await self._drain():  # the batch in flight was planned again: so must this one be
+            batch = self._plan(prepared)
+        seconds["wait"] += time.perf_counter() - clock
+        self._in_flight = batch
+        # Submitted now, not when the event loop next gets control: the write runs while this loop
+        # fetches, decodes and plans the next batch (DuckDB releases the GIL while it works).
+        assert self._executor is not None
+        self._pending = asyncio.get_running_loop().run_in_executor(self._executor, self._write, batch)
+        self._unaccounted = False
+        return len(prepared)
+
+    async def _rewind(self) -> None:
+        """Seek every partition back to its stored offset: after a failed write, or a call interrupted
+        (a timeout, a cancellation) between fetching a batch and handing it to the writer, the consumer
+        is ahead of what the database holds, and what lies in between must be read again."""
+        try:
+            await self._drain()
+        finally:
+            for tp in self._partitions:
+                stored = self._committed.get((tp.topic, tp.partition))
+                if stored is None:
+                    await self._consumer.seek_to_beginning(tp)
+                else:
+                    self._consumer.seek(tp, stored)
+            self._unaccounted = False
+            log.info("projector %s rewound to its stored offsets %s", self._group, self.committed_offsets())
+
+    async def _prepared(self, incoming: list[Incoming]) -> list[Prepared]:
+        """Each message decoded, verified and turned into rows: in the decode workers, else right here."""
+        pool = self._pool
+        if pool is None:
+            return prepare_all(incoming)
+        loop = asyncio.get_running_loop()
+        size = -(-len(incoming) // self._decode_workers)
+        chunks = [incoming[i : i + size] for i in range(0, len(incoming), size)]
+        parts = await asyncio.gather(*(loop.run_in_executor(pool, prepare_all, chunk) for chunk in chunks))
+        return [item for part in parts for item in part]
+
+    def _plan(self, prepared: list[Prepared]) -> _Batch:
+        """Plan a batch against the database as it will be once the batch in flight commits.
+
+        The database (read through a second connection, which sees committed data only) holds every
+        batch but the one in flight; that one's run states and offsets are overlaid from its plan.
+        """
+        assert self._reader is not None
+        seconds = self.stats.seconds
+        clock = time.perf_counter()
+        flying = self._in_flight.plan if self._in_flight is not None else None
+        overlay = flying.states if flying is not None else {}
+        next_offsets = {**self._committed, **(flying.offsets if flying is not None else {})}
+        wanted = [p.run_id for p in prepared if not isinstance(p, Rejected) and p.run_id not in overlay]
+        stored = lookup_runs(self._reader, wanted)
+        stored.update(overlay)
+        seconds["lookup"] += time.perf_counter() - clock
+        clock = time.perf_counter()
+        plan = plan_batch(prepared, stored, projection=self._group, next_offsets=next_offsets)
+        seconds["plan"] += time.perf_counter() - clock
+        clock = time.perf_counter()
+        tables = to_arrow(plan)
+        seconds["arrow"] += time.perf_counter() - clock
+        return _Batch(prepared, stored, next_offsets, plan, tables)
+
+    async def _drain(self) -> bool:
+        """Wait for the batch in flight; account for it, or raise what it raised.
+
+        Returns False when the batch had to be planned again in the writer (an event_id conflict), so
+        that a batch planned on top of it must be planned again too.
+        """
+        pending, batch = self._pending, self._in_flight
+        if pending is None or batch is None:
+            return True
+        try:
+            plan = await asyncio.shield(pending)  # a cancelled wait leaves the write running, and pending
+        except BaseException:
+            if pending.done():  # the write failed: its messages must be read again
+                self._unaccounted = True
+            raise
+        finally:
+            if pending.done():
+                self._pending = self._in_flight = None
+        self._committed.update(plan.offsets)
+        self.stats.add(plan)
+        if self._on_batch is not None:
+            self._on_batch(plan)
+        if self._consumer is not None:
+            await self._commit_to_kafka(self._consumer)
+        return plan is batch.plan
+
+    def _write(self, batch: _Batch) -> Plan:
+        """In the writer thread: write one planned batch and its offsets in one transaction."""
+        con = self._con
+        assert con is not None
+        clock = time.perf_counter()
+        plan = batch.plan
+        try:
+            write_batch(con, batch.tables, expected_events=plan.archived, before_commit=self._before_commit)
+        except EventIdConflict:
+            taken = taken_event_ids(con, plan.event_ids)
+            log.warning("a batch reuses %d archived event id(s); dead-lettering their messages", len(taken))
+            plan = plan_batch(
+                batch.prepared,
+                batch.stored,
+                projection=self._group,
+                next_offsets=batch.next_offsets,
+                taken_event_ids=taken,
+            )
+            try:
+                write_batch(con, to_arrow(plan), expected_events=plan.archived, before_commit=self._before_commit)
+            except EventIdConflict as exc:  # pragma: no cover - the ids were just read in this thread
+                raise DatabaseError(f"the archive changed under the projector: {exc}") from exc
+        self.stats.seconds["write"] += time.perf_counter() - clock
+        return plan
+
+    async def _in_writer(self, fn: Callable[..., Any], *args: Any) -> Any:
+        assert self._executor is not None
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    async def _commit_to_kafka(self, consumer: Any, *, force: bool = False) -> None:
+        """Best effort: show the stored offsets to Kafka lag monitors. Correctness never reads them."""
+        interval = self._kafka_commit_interval_s
+        if interval is None or self._kafka_commit_failed or not self._committed:
+            return
+        now = time.monotonic()
+        if not force and now - self._last_kafka_commit < interval:
+            return
+        self._last_kafka_commit = now
+        offsets = {TopicPartition(t, p): o for (t, p), o in self._committed.items()}
+        try:
+            async with asyncio.timeout(5.0):
+                await consumer.commit(offsets)
+        except (KafkaError, TimeoutError) as exc:
+            self._kafka_commit_failed = True
+            log.warning("committing offsets to Kafka failed (%r); lag monitors will not see them", exc)
+
+
+async def _partitions_of(consumer: Any, topic: str) -> set[int] | None:
+    """The topic's partitions, from a metadata request for all topics (which never creates one).
+
+    `AIOKafkaConsumer.topics()` fetches exactly that but returns only the names, and its
+    `partitions_for_topic` reads the client's own metadata, which holds only assigned topics.
+    """
+    cluster = await consumer._client.fetch_all_metadata()
+    partitions: set[int] | None = cluster.partitions_for_topic(topic)
+    return partitions
+
+
+async def log_end_offsets(
+    bootstrap_servers: str, topic: str, partitions: Sequence[int], *, timeout_s: float = 30.0
+) -> dict[int, int]:
+    """Each partition's log end offset (one past its last message), read as a fetch's high watermark.
+
+    Not from ListOffsets alone: Tansu 0.6 answers it with the base offset of the partition's last
+    batch, short of the real end. The listed offset is a start at or before the real end, and the
+    fetch from there reports the real one.
+    """
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap_servers, group_id=None, enable_auto_commit=False, fetch_max_wait_ms=100
+    )
+    tps = [TopicPartition(topic, p) for p in partitions]
+    try:
+        async with asyncio.timeout(timeout_s):
+            await consumer.start()
+            consumer.assign(tps)
+            listed = await consumer.end_offsets(tps)
+            for tp in tps:
+                consumer.seek(tp, listed[tp])
+            while any(consumer.highwater(tp) is None for tp in tps):
+                await consumer.getmany(*tps, timeout_ms=200, max_records=1)
+            return {tp.partition: int(consumer.highwater(tp)) for tp in tps}
+    except TimeoutError as exc:
+        raise BrokerError(f"no end offsets for {topic!r} from {bootstrap_servers} within {timeout_s:g} s") from exc
+    except KafkaError as exc:
+        raise BrokerError(f"cannot read the end offsets of {topic!r}: {exc!r}") from exc
+    finally:
+        await consumer.stop()
+
+
+def _exit_with_parent(parent: int) -> None:
+    """In a decode worker: exit once the projector process is gone (SIGKILLed, say) rather than linger."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+
+
+def default_decode_workers() -> int:
+    """Decode processes for a machine the projector has to itself: the cores beyond two (one for the
+    event loop, one for DuckDB), at most four. On two cores none: measured there (bench/projector.py),
+    one worker process was slower than decoding in the event loop (pickling rows back, and the worker
+    competing with DuckDB's threads), 14-16k against 18-20k events/s."""
+    return max(0, min(4, (os.cpu_count() or 1) - 2))
+
+
+def tune_interpreter() -> None:
+    """For a process that runs a projector: hand the GIL over every millisecond rather than every 5 ms.
+
+    The writer thread's DuckDB statements run without the GIL but take it back briefly and often; while
+    the event loop decodes (pure Python, holding the GIL) each take waits up to the switch interval, and
+    with the default 5 ms the writer falls behind the decoding (bench/projector.py on two shared cores:
+    16.4-17.9k events/s at 5 ms, 18.9-19.7k at 1 ms). Process-wide, so only the command line and the
+    benchmark call it; a program embedding a `Projector` decides for itself.
+    """
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
+
+
+# ---- replay ---------------------------------------------------------------------------------------------
+
+
+class _Progress:
+    """A progress display for `replay`: rich's bar when rich is installed, else a line every 2 s."""
+
+    def __init__(self, enabled: bool) -> None:
+        self._total = 0
+        self._done = 0
+        self._enabled = enabled
+        self._last = 0.0
+        self._bar: Any = None
+        self._task: Any = None
+
+    def begin(self, total: int) -> None:
+        """Show progress towards `total` messages."""
+        self._total = total
+        if not self._enabled:
+            return
+        try:
+            from rich.progress import Progress  # type: ignore[import-not-found, unused-ignore]
+        except ImportError:
+            return
+        self._bar = Progress(transient=False)
+        self._task = self._bar.add_task("replaying", total=total)
+        self._bar.start()
+
+    def update(self, plan: Plan) -> None:
+        self._done += sum(plan.counts[k] for k in ("messages", "redelivered"))
+        if not self._enabled:
+            return
+        if self._bar is not None:
+            self._bar.update(self._task, completed=self._done)
+            return
+        now = time.monotonic()
+        if now - self._last >= 2.0 or self._done >= self._total:
+            self._last = now
+            print(f"replay: {self._done}/{self._total} messages", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+
+async def replay(
+    database: str | Path,
+    bootstrap_servers: str,
+    topic: str = DEFAULT_TOPIC,
+    *,
+    group_id: str = REPLAY_GROUP,
+    batch_size: int = 2_000,
+    decode_workers: int = 0,
+    timeout_s: float = 600.0,
+    progress: bool = True,
+) -> ProjectorStats:
+    """Rebuild every projection from offset 0 into the fresh database file `database`.
+
+    Projects up to the log's end as it is when the call starts. Compare the result with the live
+    database using `projections.store.compare_projections`.
+
+    :raises ReplayTargetExistsError: when `database` already exists.
+    :raises ProjectionTimeout: when the replay takes longer than `timeout_s`.
+    """
+    path = Path(database)
+    if await asyncio.to_thread(path.exists):
+        raise ReplayTargetExistsError(f"{path} exists: a replay builds a fresh database, pass a new path")
+    counter = _Progress(enabled=progress)
+    async with Projector(
+        path,
+        bootstrap_servers,
+        topic,
+        group_id=group_id,
+        batch_size=batch_size,
+        decode_workers=decode_workers,
+        kafka_commit_interval_s=None,
+        on_batch=counter.update,
+    ) as projector:
+        ends = await log_end_offsets(bootstrap_servers, topic, projector.partitions)
+        counter.begin(sum(ends.values()))
+        try:
+            return await projector.run_until(ends, timeout_s=timeout_s)
+        finally:
+            counter.close()
+
+
+# ---- command line ---------------------------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m projections", description=__doc__.split("\n")[0])
+    parser.add_argument("--bootstrap", required=True, help="broker address, host:port[,host:port...]")
+    parser.add_argument("--topic", default=DEFAULT_TOPIC, help=f"events topic (default {DEFAULT_TOPIC})")
+    parser.add_argument("--batch-size", type=int, default=2_000, help="most messages per transaction")
+    parser.add_argument(
+        "--decode-workers",
+        type=int,
+        default=default_decode_workers(),
+        help="processes that decode and verify messages (0: none; default: the cores beyond two, at most 4)",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="project the topic into a database until SIGTERM / SIGINT")
+    run.add_argument("--db", required=True, help="the DuckDB file (created and migrated if needed)")
+    run.add_argument("--group", default=DEFAULT_GROUP, help=f"projection name / consumer group ({DEFAULT_GROUP})")
+    rebuild = sub.add_parser("replay", help="rebuild every projection from offset 0 into a fresh file")
+    rebuild.add_argument("--db", required=True, help="the new DuckDB file (must not exist)")
+    rebuild.add_argument("--compare", help="a live database to compare the rebuilt one with")
+    return parser
+
+
+async def _run_command(args: argparse.Namespace) -> int:
+    if args.command == "replay":
+        stats = await replay(
+            args.db, args.bootstrap, args.topic, batch_size=args.batch_size, decode_workers=args.decode_workers
+        )
+        print(f"replayed: {stats}")
+        if args.compare:
+            comparison = compare_projections(args.compare, args.db)
+            print(f"compared with {args.compare}: {comparison}")
+            return 0 if comparison.equal else 1
+        return 0
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    async with Projector(
+        args.db,
+        args.bootstrap,
+        args.topic,
+        group_id=args.group,
+        batch_size=args.batch_size,
+        decode_workers=args.decode_workers,
+    ) as p:
+        stats = await p.run_forever(stop)
+    print(f"stopped: {stats}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The command line: ``run`` (until SIGTERM) or ``replay`` (then optionally compare)."""
+    args = _parser().parse_args(argv)
+    tune_interpreter()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    with contextlib.suppress(KeyboardInterrupt):
+        return asyncio.run(_run_command(args))
+    return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

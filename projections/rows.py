@@ -1,0 +1,799 @@
+"""The rows a batch of messages adds to the projections: pure functions, no database, no broker.
+
+`prepare(message)` decodes and verifies one message (`projections.decode`) and builds its rows into
+plain, picklable values (a decode worker process may run it). `plan_batch(prepared, stored,
+next_offsets)` walks a batch in log order and says what it changes: the rows to insert in each
+table, the outcome columns to update on runs stored by an earlier batch, the dead letters, and each
+partition's next offset. `stored` holds what the database already knows of the runs the batch
+mentions (`StoredRun`), so every decision that depends on earlier batches is made here, testably:
+
+- a message below the partition's stored offset was already applied: it changes nothing;
+- a run whose `run_id` is stored with the same closing hash is a redelivery or a producer retry:
+  it changes nothing; with another closing hash it is a conflict (dead letter);
+- an `event_id` already archived for another event is a conflict (dead letter);
+- an outcome (`executed` / `execution_failed`) applies only to a stored or same-batch run whose
+  decision was `execute`, that has no outcome yet, whose stored last hash and `seq` it extends, and
+  whose decision id, tool and arguments digest it repeats; the same outcome again changes nothing.
+
+`TABLES` describes each batch table's columns and Arrow types; `to_arrow` turns a plan into Arrow
+tables that the writer inserts in bulk (`projections/sql/*.sql`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Final
+
+import orjson
+import pyarrow as pa
+
+from preflight.events import (
+    ChecklistItemVerified,
+    Envelope,
+    ExecutionApproved,
+    FieldResolved,
+    FixedChecklistResolved,
+    GateBlocked,
+    RunStarted,
+    ToolMatchDecided,
+    canonical_json,
+)
+from projections.decode import Incoming, Rejected, VerifiedRun, VerifiedTail, decode_incoming
+
+__all__ = [
+    "TABLES",
+    "Plan",
+    "Prepared",
+    "PreparedRun",
+    "PreparedTail",
+    "StoredRun",
+    "TableSpec",
+    "archive_rows",
+    "dead_letter_row",
+    "plan_batch",
+    "prepare",
+    "prepare_all",
+    "rows_as_dicts",
+    "run_rows",
+    "to_arrow",
+]
+
+_INT32: Final = 2**31
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """A batch table: the target table's name and the columns (name, Arrow type) the plan fills."""
+
+    name: str
+    columns: tuple[tuple[str, Any], ...]
+    names: tuple[str, ...] = field(init=False)
+    schema: Any = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "names", tuple(name for name, _ in self.columns))
+        object.__setattr__(self, "schema", pa.schema([pa.field(name, kind) for name, kind in self.columns]))
+
+
+_S, _I, _L, _B, _BIN = pa.string(), pa.int32(), pa.int64(), pa.bool_(), pa.binary()
+
+ARCHIVE = TableSpec(
+    "archive",
+    (
+        ("event_id", _S),
+        ("run_id", _S),
+        ("seq", _I),
+        ("event_type", _S),
+        ("schema_version", _I),
+        ("action_key", _S),
+        ("user_id", _S),
+        ("agent_id", _S),
+        ("occurred_at", _S),
+        ("hash", _S),
+        ("prev_hash", _S),
+        ("event", _S),
+        ("topic", _S),
+        ("partition", _I),
+        ("offset", _L),
+        ("message_index", _I),
+    ),
+)
+RUNS = TableSpec(
+    "runs",
+    (
+        ("run_id", _S),
+        ("action_key", _S),
+        ("user_id", _S),
+        ("agent_id", _S),
+        ("tool", _S),
+        ("tool_digest", _S),
+        ("has_input_schema", _B),
+        ("intent_fingerprint", _S),
+        ("intent_attempt", _I),
+        ("tool_attempt", _I),
+        ("phase", _S),
+        ("c1_when_case", _S),
+        ("c2_user_action_name", _S),
+        ("c2_source", _S),
+        ("c3_provider_action_name", _S),
+        ("c3_approved", _B),
+        ("c3_reason", _S),
+        ("fixed_issues", _S),
+        ("decision", _S),
+        ("reason", _S),
+        ("unknown_count", _I),
+        ("unverified_count", _I),
+        ("fields_computed", _B),
+        ("decision_id", _S),
+        ("arguments_digest", _S),
+        ("started_at", _S),
+        ("closed_at", _S),
+        ("closing_event_count", _I),
+        ("close_hash", _S),
+        ("event_count", _I),
+        ("last_seq", _I),
+        ("last_hash", _S),
+        ("outcome", _S),
+        ("outcome_at", _S),
+        ("topic", _S),
+        ("partition", _I),
+        ("offset", _L),
+    ),
+)
+FIELDS = TableSpec(
+    "field_provenance",
+    (
+        ("run_id", _S),
+        ("field_index", _I),
+        ("name", _S),
+        ("action_key", _S),
+        ("user_id", _S),
+        ("agent_id", _S),
+        ("value", _S),
+        ("status", _S),
+        ("source", _S),
+        ("origin_source", _S),
+        ("supplied_by", _S),
+        ("supplied_via", _S),
+        ("resolved_at", _S),
+        ("tier", _S),
+        ("segment_index", _I),
+        ("span_start", _I),
+        ("span_end", _I),
+        ("segment_origin", _S),
+        ("pre_set_origin", _S),
+        ("measured", _B),
+        ("baseline", _S),
+        ("baseline_run_id", _S),
+        ("baseline_timestamp", _S),
+        ("lookup_failed", _B),
+        ("pending_at_trigger", _B),
+        ("note", _S),
+    ),
+)
+CHECKLIST = TableSpec(
+    "checklist_results",
+    (
+        ("run_id", _S),
+        ("item_index", _I),
+        ("item_id", _S),
+        ("description", _S),
+        ("status", _S),
+        ("source", _S),
+        ("note", _S),
+        ("verified_at", _S),
+        ("item", _S),
+    ),
+)
+GATES = TableSpec(
+    "gate_decisions",
+    (
+        ("run_id", _S),
+        ("action_key", _S),
+        ("user_id", _S),
+        ("agent_id", _S),
+        ("tool", _S),
+        ("gate_name", _S),
+        ("kind", _S),
+        ("decision", _S),
+        ("gap_class", _S),
+        ("unknown_fields", pa.list_(_S)),
+        ("unverified_items", pa.list_(_S)),
+        ("gate", _S),
+        ("occurred_at", _S),
+    ),
+)
+EXECUTIONS = TableSpec(
+    "executions",
+    (
+        ("run_id", _S),
+        ("event_id", _S),
+        ("decision_id", _S),
+        ("action_key", _S),
+        ("user_id", _S),
+        ("agent_id", _S),
+        ("tool", _S),
+        ("outcome", _S),
+        ("arguments_digest", _S),
+        ("result_digest", _S),
+        ("error_type", _S),
+        ("error", _S),
+        ("reason", _S),
+        ("executed_at", _S),
+        ("occurred_at", _S),
+    ),
+)
+RUN_OUTCOMES = TableSpec(
+    "run_outcomes",  # not a table: the update an outcome makes to a run stored by an earlier batch
+    (
+        ("run_id", _S),
+        ("outcome", _S),
+        ("outcome_at", _S),
+        ("event_count", _I),
+        ("last_seq", _I),
+        ("last_hash", _S),
+    ),
+)
+DEAD_LETTERS = TableSpec(
+    "dead_letters",
+    (
+        ("topic", _S),
+        ("partition", _I),
+        ("offset", _L),
+        ("message_key", _BIN),
+        ("original", _BIN),
+        ("headers", _S),
+        ("timestamp_ms", _L),
+        ("code", _S),
+        ("reason", _S),
+        ("run_id", _S),
+    ),
+)
+OFFSETS = TableSpec(
+    "consumer_offsets",
+    (("projection", _S), ("topic", _S), ("partition", _I), ("next_offset", _L)),
+)
+
+#: Every batch table, in the order the writer applies them.
+TABLES: Final = (ARCHIVE, RUNS, RUN_OUTCOMES, FIELDS, CHECKLIST, GATES, EXECUTIONS, DEAD_LETTERS, OFFSETS)
+
+#: Which party supplied a value, by its origin_source (SPEC §2.2: only the user creates values; a
+#: pre-set value was set by whoever its origin names; a measurement is the system's).
+SUPPLIED_BY: Final = {
+    "user_answer": "user",
+    "instruction": "user",
+    "pre_set_data": "pre_set",
+    "measured_data": "system",
+}
+#: How this run read the value, by its source.
+SUPPLIED_VIA: Final = {
+    "user_answer": "answer",
+    "instruction": "instruction",
+    "pre_set_data": "pre_set",
+    "measured_data": "measurement",
+    "prior_state": "inherited",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class StoredRun:
+    """What later messages are judged against: a run as the projection holds it."""
+
+    run_id: str
+    action_key: str | None
+    decision: str
+    close_hash: str
+    last_seq: int
+    last_hash: str
+    event_count: int
+    outcome: str | None
+    decision_id: str | None
+    tool: str | None
+    arguments_digest: str | None
+
+
+#: The columns of `StoredRun`, in order, as `projections/sql/lookup_runs.sql` selects them.
+STORED_RUN_COLUMNS: Final = tuple(StoredRun.__dataclass_fields__)
+
+
+@dataclass
+class RunRows:
+    """The rows one verified run adds (its `runs` row stays mutable until an outcome is merged)."""
+
+    archive: list[tuple[Any, ...]]
+    run: dict[str, Any]
+    fields: list[tuple[Any, ...]]
+    checklist: list[tuple[Any, ...]]
+    gate: tuple[Any, ...] | None
+
+    def stored(self) -> StoredRun:
+        r = self.run
+        return StoredRun(
+            run_id=r["run_id"],
+            action_key=r["action_key"],
+            decision=r["decision"],
+            close_hash=r["close_hash"],
+            last_seq=r["last_seq"],
+            last_hash=r["last_hash"],
+            event_count=r["event_count"],
+            outcome=r["outcome"],
+            decision_id=r["decision_id"],
+            tool=r["c3_provider_action_name"],
+            arguments_digest=r["arguments_digest"],
+        )
+
+
+@dataclass
+class Plan:
+    """What one batch changes. `rows[table]` are tuples in `TableSpec.columns` order."""
+
+    rows: dict[str, list[tuple[Any, ...]]]
+    offsets: dict[tuple[str, int], int]
+    counts: Counter[str]
+    states: dict[str, StoredRun]
+    event_ids: list[str] = field(default_factory=list)
+
+    @property
+    def archived(self) -> int:
+        return len(self.rows[ARCHIVE.name])
+
+
+# ---- small readers: a payload dict may hold anything, a column takes one type -----------------------
+
+
+def _str(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _int(value: Any) -> int | None:
+    return value if type(value) is int and -_INT32 <= value < _INT32 else None
+
+
+def _bool(value: Any) -> bool | None:
+    return value if isinstance(value, bool) else None
+
+
+def _json(value: Any) -> str:
+    try:
+        return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode("utf-8")
+    except TypeError:  # an integer beyond 64 bits: the standard library writes it exactly
+        return canonical_json(value).decode("utf-8")
+
+
+# ---- rows of one run ------------------------------------------------------------------------------------
+
+
+def archive_rows(events: Sequence[Envelope], encoded: Sequence[str], incoming: Incoming) -> list[tuple[Any, ...]]:
+    """One `archive` row per event: envelope columns, canonical JSON, and where it was read."""
+    return [
+        (
+            e.event_id.lower(),
+            e.run_id,
+            e.seq,
+            getattr(e, "event_type", None),
+            e.schema_version,
+            e.action_key,
+            e.user_id,
+            e.agent_id,
+            e.occurred_at,
+            e.hash,
+            e.prev_hash,
+            text,
+            incoming.topic,
+            incoming.partition,
+            incoming.offset,
+            index,
+        )
+        for index, (e, text) in enumerate(zip(events, encoded, strict=True))
+    ]
+
+
+def run_rows(run: VerifiedRun) -> RunRows:
+    """Every row a verified run adds: archive, runs, field_provenance, checklist_results, gate_decisions."""
+    events = run.events
+    started = events[0]
+    close = run.close
+    assert isinstance(started, RunStarted)
+    fixed: FixedChecklistResolved | None = None
+    match: ToolMatchDecided | None = None
+    approved: ExecutionApproved | None = None
+    blocked: GateBlocked | None = None
+    field_events: list[FieldResolved] = []
+    checklist_events: list[ChecklistItemVerified] = []
+    for event in events:
+        if isinstance(event, FieldResolved):
+            field_events.append(event)
+        elif isinstance(event, ChecklistItemVerified):
+            checklist_events.append(event)
+        elif isinstance(event, FixedChecklistResolved):
+            fixed = event
+        elif isinstance(event, ToolMatchDecided):
+            match = event
+        elif isinstance(event, ExecutionApproved):
+            approved = event
+        elif isinstance(event, GateBlocked):
+            blocked = event
+    who = (close.action_key, close.user_id, close.agent_id)
+    fixed_values = fixed.fixed if fixed is not None else {}
+    closing = close.record
+    row: dict[str, Any] = {
+        "run_id": run.run_id,
+        "action_key": close.action_key,
+        "user_id": started.user_id,
+        "agent_id": started.agent_id,
+        "tool": started.tool_name,
+        "tool_digest": started.tool_digest,
+        "has_input_schema": started.has_input_schema,
+        "intent_fingerprint": started.intent_fingerprint,
+        "intent_attempt": _int(started.intent_attempt),
+        "tool_attempt": _int(started.tool_attempt),
+        "phase": match.phase if match is not None else None,
+        "c1_when_case": _str(fixed_values.get("c1_when_case")),
+        "c2_user_action_name": _str(fixed_values.get("c2_user_action_name")),
+        "c2_source": _str(fixed_values.get("c2_source")),
+        "c3_provider_action_name": _str(fixed_values.get("c3_provider_action_name")),
+        "c3_approved": match.approved if match is not None else None,
+        "c3_reason": match.reason if match is not None else None,
+        "fixed_issues": _json(fixed.issues) if fixed is not None else None,
+        "decision": close.decision,
+        "reason": _str(closing.get("reason")),
+        "unknown_count": _int(closing.get("unknown_count")),
+        "unverified_count": _int(closing.get("unverified_checklist_count")),
+        "fields_computed": _bool(closing.get("fields_computed")),
+        "decision_id": approved.decision_id if approved is not None else None,
+        "arguments_digest": approved.arguments_digest if approved is not None else None,
+        "started_at": started.occurred_at,
+        "closed_at": close.occurred_at,
+        "closing_event_count": close.event_count,
+        "close_hash": close.hash,
+        "event_count": len(events),
+        "last_seq": close.seq,
+        "last_hash": close.hash,
+        "outcome": None,
+        "outcome_at": None,
+        "topic": run.incoming.topic,
+        "partition": run.incoming.partition,
+        "offset": run.incoming.offset,
+    }
+    fields = [_field_row(run.run_id, index, event, who) for index, event in enumerate(field_events)]
+    checklist = [_checklist_row(run.run_id, event) for event in checklist_events]
+    gate = None
+    if blocked is not None:
+        gate = (
+            run.run_id,
+            *who,
+            started.tool_name,
+            blocked.gate_name,
+            blocked.kind,
+            blocked.decision,
+            blocked.gap_class,
+            list(blocked.unknown_fields),
+            list(blocked.unverified_items),
+            _json(blocked.gate) if blocked.gate is not None else None,
+            blocked.occurred_at,
+        )
+    return RunRows(archive_rows(events, run.encoded, run.incoming), row, fields, checklist, gate)
+
+
+def _field_row(
+    run_id: str, index: int, event: FieldResolved, who: tuple[str | None, str | None, str | None]
+) -> tuple[Any, ...]:
+    f, ev = event.field, event.evidence
+    source, origin = _str(f.get("source")), _str(f.get("origin_source"))
+    span = ev.get("span")
+    start, end = (_int(span[0]), _int(span[1])) if isinstance(span, list) and len(span) == 2 else (None, None)
+    return (
+        run_id,
+        index,
+        f["name"],
+        *who,
+        _json(f["value"]) if "value" in f else None,
+        _str(f.get("status")),
+        source,
+        origin,
+        SUPPLIED_BY.get(origin) if origin is not None else None,
+        SUPPLIED_VIA.get(source) if source is not None else None,
+        _str(f.get("resolved_at")),
+        _str(ev.get("tier")),
+        _int(ev.get("segment_index")),
+        start,
+        end,
+        _str(ev.get("segment_origin")),
+        _str(ev.get("pre_set_origin")),
+        _bool(ev.get("measured")),
+        _str(ev.get("baseline")),
+        _str(ev.get("baseline_run_id")),
+        _str(ev.get("baseline_timestamp")),
+        f.get("lookup_failed") is True,
+        f.get("pending_at_trigger") is True,
+        _str(f.get("note")),
+    )
+
+
+def _checklist_row(run_id: str, event: ChecklistItemVerified) -> tuple[Any, ...]:
+    item = event.item
+    return (
+        run_id,
+        event.index,
+        _str(item.get("id")),
+        _str(item.get("description")),
+        _str(item.get("status")),
+        _str(item.get("source")),
+        _str(item.get("note")),
+        _str(item.get("verified_at")),
+        _json(item),
+    )
+
+
+def dead_letter_row(rejected: Rejected) -> tuple[Any, ...]:
+    """The `dead_letters` row of a rejected message: where it was, its original bytes, and why."""
+    m = rejected.incoming
+    headers = json.dumps([[name, value.decode("utf-8", "backslashreplace")] for name, value in m.headers])
+    return (
+        m.topic,
+        m.partition,
+        m.offset,
+        m.key,
+        m.value,
+        headers,
+        m.timestamp_ms,
+        rejected.code,
+        rejected.reason,
+        rejected.run_id,
+    )
+
+
+# ---- one message, prepared ------------------------------------------------------------------------------
+#
+# `prepare` turns a message into plain values -- its rows, built, and what the planner judges it by --
+# so that it can run in another process and come back cheaply (pickled rows, not pydantic models).
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedRun:
+    """A verified run with its rows built (and its message, which the plan may still dead-letter)."""
+
+    incoming: Incoming
+    run_id: str
+    close_hash: str
+    event_ids: tuple[str, ...]
+    rows: RunRows
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedTail:
+    """A verified outcome with its rows built, and what it must match in its stored run."""
+
+    incoming: Incoming
+    run_id: str
+    event_id: str
+    event_type: str
+    seq: int
+    hash: str
+    prev_hash: str
+    decision_id: str
+    tool_name: str
+    arguments_digest: str
+    timestamp: str
+    archive: tuple[Any, ...]
+    execution: tuple[Any, ...]
+
+
+Prepared = PreparedRun | PreparedTail | Rejected
+
+
+def prepare(incoming: Incoming) -> Prepared:
+    """Decode and verify one message (`projections.decode`) and build its rows. Pure."""
+    decoded = decode_incoming(incoming)
+    if isinstance(decoded, Rejected):
+        return decoded
+    if isinstance(decoded, VerifiedRun):
+        built = run_rows(decoded)
+        ids = tuple(e.event_id.lower() for e in decoded.events)
+        return PreparedRun(incoming, decoded.run_id, decoded.close.hash, ids, built)
+    e = decoded.event
+    return PreparedTail(
+        incoming=incoming,
+        run_id=decoded.run_id,
+        event_id=e.event_id.lower(),
+        event_type=e.event_type,
+        seq=e.seq,
+        hash=e.hash,
+        prev_hash=e.prev_hash,
+        decision_id=e.decision_id,
+        tool_name=e.tool_name,
+        arguments_digest=e.arguments_digest,
+        timestamp=e.timestamp,
+        archive=archive_rows([e], [decoded.encoded], incoming)[0],
+        execution=_execution_row(decoded),
+    )
+
+
+def prepare_all(incoming: Sequence[Incoming]) -> list[Prepared]:
+    """`prepare` for each message, in order (what a decode worker process runs)."""
+    return [prepare(message) for message in incoming]
+
+
+# ---- the batch --------------------------------------------------------------------------------------
+
+
+def _judge_tail(tail: PreparedTail, state: StoredRun | None) -> Rejected | str | None:
+    """None if the outcome applies to `state`, "duplicate" if it is already applied, else the rejection."""
+
+    def reject(code: str, reason: str) -> Rejected:
+        return Rejected(tail.incoming, code, reason, tail.run_id)
+
+    if state is None:
+        return reject("outcome_without_run", f"{tail.event_type} for run {tail.run_id}, which has no recorded run")
+    if state.outcome is not None:
+        if state.last_hash == tail.hash:
+            return "duplicate"
+        return reject("second_outcome", f"second outcome for run {tail.run_id} (it is already {state.outcome})")
+    if state.decision != "execute":
+        return reject("outcome_for_non_execute", f"{tail.event_type} for a run whose decision was {state.decision}")
+    if tail.seq != state.last_seq + 1 or tail.prev_hash != state.last_hash:
+        return reject("broken_chain", "the outcome does not link to its run's stored last hash")
+    mismatched = [
+        name
+        for name, ours, theirs in (
+            ("decision_id", tail.decision_id, state.decision_id),
+            ("tool_name", tail.tool_name, state.tool),
+            ("arguments_digest", tail.arguments_digest, state.arguments_digest),
+        )
+        if ours != theirs
+    ]
+    if mismatched:
+        return reject("outcome_mismatch", f"the outcome's {', '.join(mismatched)} differ from the approved decision")
+    return None
+
+
+def _execution_row(tail: VerifiedTail) -> tuple[Any, ...]:
+    e = tail.event
+    executed = e.event_type == "executed"
+    return (
+        tail.run_id,
+        e.event_id.lower(),
+        e.decision_id,
+        e.action_key,
+        e.user_id,
+        e.agent_id,
+        e.tool_name,
+        "executed" if executed else "failed",
+        e.arguments_digest,
+        getattr(e, "result_digest", None),
+        getattr(e, "error_type", None),
+        getattr(e, "error", None),
+        e.reason,
+        e.timestamp,
+        e.occurred_at,
+    )
+
+
+def plan_batch(
+    prepared: Iterable[Prepared],
+    stored: Mapping[str, StoredRun],
+    *,
+    projection: str,
+    next_offsets: Mapping[tuple[str, int], int],
+    taken_event_ids: frozenset[str] = frozenset(),
+) -> Plan:
+    """What a batch changes, given what the database holds (`stored`, `next_offsets`, `taken_event_ids`).
+
+    `prepared` is in log order per partition. `taken_event_ids` (lower-case) are ids the archive already
+    holds that no stored run accounts for; the writer passes them after an insert found a conflict.
+    The prepared rows are never modified: a plan copies what it changes.
+    """
+    rows: dict[str, list[tuple[Any, ...]]] = {spec.name: [] for spec in TABLES}
+    offsets: dict[tuple[str, int], int] = {}
+    counts: Counter[str] = Counter()
+    states: dict[str, StoredRun] = {}
+    new_runs: dict[str, tuple[RunRows, dict[str, Any]]] = {}
+    outcome_updates: dict[str, tuple[Any, ...]] = {}
+    seen_ids: set[str] = set()
+    event_ids: list[str] = []
+
+    def dead(rejected: Rejected) -> None:
+        rows[DEAD_LETTERS.name].append(dead_letter_row(rejected))
+        counts["dead_letters"] += 1
+        counts[f"dead_letter:{rejected.code}"] += 1
+
+    def ids_free(ids: Sequence[str]) -> bool:
+        return len(set(ids)) == len(ids) and not any(i in seen_ids or i in taken_event_ids for i in ids)
+
+    for item in prepared:
+        m = item.incoming
+        where = (m.topic, m.partition)
+        if m.offset < next_offsets.get(where, 0):
+            counts["redelivered"] += 1
+            continue
+        offsets[where] = max(offsets.get(where, 0), m.offset + 1)
+        counts["messages"] += 1
+        if isinstance(item, Rejected):
+            dead(item)
+            continue
+        state = states.get(item.run_id) or stored.get(item.run_id)
+
+        if isinstance(item, PreparedRun):
+            if state is not None:
+                if state.close_hash == item.close_hash:
+                    counts["duplicates"] += 1
+                else:
+                    reason = f"run {item.run_id} seen before with other content"
+                    dead(Rejected(m, "run_id_conflict", reason, item.run_id))
+                continue
+            if not ids_free(item.event_ids):
+                dead(Rejected(m, "event_id_reused", "an event_id of this run is already archived", item.run_id))
+                continue
+            seen_ids.update(item.event_ids)
+            event_ids.extend(item.event_ids)
+            new_runs[item.run_id] = (item.rows, dict(item.rows.run))
+            states[item.run_id] = item.rows.stored()
+            counts["runs"] += 1
+            continue
+
+        verdict = _judge_tail(item, state)
+        if verdict == "duplicate":
+            counts["duplicates"] += 1
+            continue
+        if isinstance(verdict, Rejected):
+            dead(verdict)
+            continue
+        assert state is not None
+        if not ids_free([item.event_id]):
+            dead(Rejected(m, "event_id_reused", "the outcome's event_id is already archived", item.run_id))
+            continue
+        seen_ids.add(item.event_id)
+        event_ids.append(item.event_id)
+        rows[ARCHIVE.name].append(item.archive)
+        rows[EXECUTIONS.name].append(item.execution)
+        outcome = "executed" if item.event_type == "executed" else "failed"
+        after = replace(
+            state, outcome=outcome, last_seq=item.seq, last_hash=item.hash, event_count=state.event_count + 1
+        )
+        states[item.run_id] = after
+        changes = {
+            "outcome": outcome,
+            "outcome_at": item.timestamp,
+            "event_count": after.event_count,
+            "last_seq": after.last_seq,
+            "last_hash": after.last_hash,
+        }
+        if item.run_id in new_runs:
+            new_runs[item.run_id][1].update(changes)
+        else:
+            outcome_updates[item.run_id] = (item.run_id, *changes.values())
+        counts["outcomes"] += 1
+
+    for built, run in new_runs.values():
+        rows[ARCHIVE.name].extend(built.archive)
+        rows[RUNS.name].append(tuple(run[name] for name in RUNS.names))
+        rows[FIELDS.name].extend(built.fields)
+        rows[CHECKLIST.name].extend(built.checklist)
+        if built.gate is not None:
+            rows[GATES.name].append(built.gate)
+    rows[RUN_OUTCOMES.name].extend(outcome_updates.values())
+    rows[OFFSETS.name].extend((projection, topic, partition, nxt) for (topic, partition), nxt in offsets.items())
+    counts["events"] = len(rows[ARCHIVE.name])
+    return Plan(rows, offsets, counts, states, event_ids)
+
+
+def to_arrow(plan: Plan) -> dict[str, Any]:
+    """The plan's rows as Arrow tables (name -> `pyarrow.Table`), skipping empty ones."""
+    tables: dict[str, Any] = {}
+    for spec in TABLES:
+        rows = plan.rows[spec.name]
+        if not rows:
+            continue
+        columns = list(zip(*rows, strict=True))
+        arrays = [pa.array(column, type=kind) for column, (_, kind) in zip(columns, spec.columns, strict=True)]
+        tables[spec.name] = pa.Table.from_arrays(arrays, schema=spec.schema)
+    return tables
+
+
+def rows_as_dicts(plan: Plan, table: str) -> list[dict[str, Any]]:
+    """A plan's rows for `table` as dicts keyed by column name (for tests and debugging)."""
+    spec = next(s for s in TABLES if s.name == table)
+    return [dict(zip(spec.names, row, strict=True)) for row in plan.rows[table]]

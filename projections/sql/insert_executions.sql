@@ -1,0 +1,8 @@
+INSERT INTO executions BY NAME
+SELECT * REPLACE (
+    CAST(event_id AS UUID) AS event_id,
+    TRY_CAST(executed_at AS TIMESTAMPTZ) AS executed_at,
+    TRY_CAST(occurred_at AS TIMESTAMPTZ) AS occurred_at
+)
+FROM batch_executions
+ON CONFLICT DO NOTHING;

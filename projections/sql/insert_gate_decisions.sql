@@ -1,0 +1,7 @@
+-- `day` is the UTC day the gate blocked the run, whatever the session's time zone.
+INSERT INTO gate_decisions BY NAME
+SELECT
+    * REPLACE (CAST(gate AS JSON) AS gate, TRY_CAST(occurred_at AS TIMESTAMPTZ) AS occurred_at),
+    CAST(timezone('UTC', TRY_CAST(occurred_at AS TIMESTAMPTZ)) AS DATE) AS day
+FROM batch_gate_decisions
+ON CONFLICT DO NOTHING;

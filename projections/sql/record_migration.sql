@@ -1,0 +1,1 @@
+INSERT INTO schema_migrations (version, name, checksum) VALUES ($version, $name, $checksum);

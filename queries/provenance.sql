@@ -1,0 +1,82 @@
+-- provenance: for an action_key or a run, each field's value, where the run read it, and who supplied
+-- it -- the user (by answering, or in their own words at a segment and span), a pre-set value and who
+-- set it, or a system measurement. An inherited (prior_state) value is traced back through the
+-- baseline runs to the executed run that first supplied it, whose evidence it reports.
+-- param action_key VARCHAR optional: only runs under this action_key
+-- param run_id VARCHAR optional: only this run
+WITH RECURSIVE
+selected AS (
+    SELECT fp.*
+    FROM field_provenance AS fp
+    WHERE ($action_key IS NULL OR fp.action_key = $action_key)
+      AND ($run_id IS NULL OR fp.run_id = $run_id)
+),
+lineage (for_run_id, name, run_id, depth) AS (
+    SELECT run_id, name, baseline_run_id, 1
+    FROM selected
+    WHERE source = 'prior_state' AND baseline_run_id IS NOT NULL
+    UNION ALL
+    SELECT l.for_run_id, l.name, fp.baseline_run_id, l.depth + 1
+    FROM lineage AS l
+    JOIN field_provenance AS fp ON fp.run_id = l.run_id AND fp.name = l.name
+    WHERE fp.source = 'prior_state' AND fp.baseline_run_id IS NOT NULL AND l.depth < 100
+),
+origins AS (
+    -- a value read directly was supplied in its own run; an inherited one, in the deepest baseline
+    SELECT run_id, name, run_id AS first_run_id, 0 AS hops
+    FROM selected
+    WHERE status = 'known' AND source <> 'prior_state'
+    UNION ALL
+    SELECT for_run_id, name, arg_max(run_id, depth), max(depth)
+    FROM lineage
+    GROUP BY for_run_id, name
+)
+SELECT
+    s.run_id,
+    r.action_key,
+    r.user_id,
+    r.agent_id,
+    r.decision,
+    r.outcome,
+    s.field_index,
+    s.name AS field,
+    s.status,
+    s.value,
+    s.source,
+    s.origin_source,
+    s.supplied_by,
+    CASE
+        WHEN s.status <> 'known' THEN 'nobody: the value is unknown'
+        WHEN o.run_id IS NULL OR o.source = 'prior_state' THEN 'unknown: the run that first supplied it is not projected'
+        WHEN o.source = 'user_answer' THEN 'the user, answering a question'
+        WHEN o.source = 'instruction' THEN printf(
+            'the user, in their own words (segment %s, characters %s to %s)',
+            coalesce(CAST(o.segment_index AS VARCHAR), '?'),
+            coalesce(CAST(o.span_start AS VARCHAR), '?'),
+            coalesce(CAST(o.span_end AS VARCHAR), '?'))
+        WHEN o.source = 'pre_set_data' THEN 'a pre-set value, set by ' || coalesce(o.pre_set_origin, 'an unnamed origin')
+        WHEN o.source = 'measured_data' THEN 'a system measurement'
+        ELSE 'unknown source ' || o.source
+    END || CASE WHEN s.source = 'prior_state' THEN ' (inherited)' ELSE '' END AS supplied_by_detail,
+    coalesce(s.source = 'prior_state', false) AS inherited,
+    s.baseline_run_id AS inherited_from_run_id,
+    g.first_run_id AS first_supplied_in_run_id,
+    g.hops AS inheritance_hops,
+    fr.outcome AS first_run_outcome,
+    fr.started_at AS first_supplied_at,
+    o.segment_index,
+    o.span_start,
+    o.span_end,
+    o.segment_origin,
+    o.pre_set_origin,
+    o.measured,
+    s.lookup_failed,
+    s.pending_at_trigger,
+    s.note,
+    s.resolved_at
+FROM selected AS s
+JOIN runs AS r ON r.run_id = s.run_id
+LEFT JOIN origins AS g ON g.run_id = s.run_id AND g.name = s.name
+LEFT JOIN field_provenance AS o ON o.run_id = g.first_run_id AND o.name = s.name
+LEFT JOIN runs AS fr ON fr.run_id = g.first_run_id
+ORDER BY r.partition, r."offset", s.field_index;

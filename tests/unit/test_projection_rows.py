@@ -1,0 +1,568 @@
+"""The projector's pure half: a message to verified events (or a dead letter), a batch to rows.
+
+No broker and no database: real engine runs are encoded as the sink would publish them, then decoded
+and planned. What must hold: a run's rows say exactly what its events say; a message is judged the
+same as `verify_run` judges its chain; a redelivered run or outcome, a message below the stored
+offset, or an event_id seen before adds nothing; every other defect becomes a dead letter with a
+code, and an outcome applies only to an approved run it links to.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import pickle
+from collections.abc import Callable, Sequence
+from functools import cache
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from preflight import ChainError, EventDecodeError, ExecutionRecord, MemoryStorage, create_preflight, verify_run
+from preflight.events import PreflightEvent, canonical_json, decode_event, encode_event, encode_message, seal
+from projections.decode import Incoming, Rejected, VerifiedRun, VerifiedTail, _fast_path, decode_incoming
+from projections.rows import (
+    RUNS,
+    TABLES,
+    Plan,
+    PreparedRun,
+    StoredRun,
+    plan_batch,
+    prepare,
+    prepare_all,
+    rows_as_dicts,
+    to_arrow,
+)
+from tests.unit import scenario as sc
+
+KEY = "u_01:bank.transfer"
+RUNS_OUTCOME_COLUMN = RUNS.names.index("outcome")
+READY = {"to_account": "2200119"}
+
+
+# ---- given: real runs, as messages ----------------------------------------------------------------------
+
+
+def message(
+    events: Sequence[PreflightEvent], offset: int = 0, *, key: str | None = None, partition: int = 0
+) -> Incoming:
+    """The message the sink publishes for `events`, as read at `offset`."""
+    kafka_key = key if key is not None else events[0].kafka_key
+    return Incoming("events", partition, offset, kafka_key.encode(), encode_message(events))
+
+
+def raw_message(raw: Any, offset: int = 0, key: bytes | None = KEY.encode()) -> Incoming:
+    return Incoming("events", 0, offset, key, json.dumps(raw).encode() if not isinstance(raw, bytes) else raw)
+
+
+def dumped(events: Sequence[PreflightEvent]) -> list[dict[str, Any]]:
+    return [e.model_dump(mode="json") for e in events]
+
+
+def resealed(raw_events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The events re-chained after an edit: every hash and link recomputed, so the chain is intact."""
+    prev = "0" * 64
+    out = []
+    for raw in raw_events:
+        body = {k: v for k, v in raw.items() if k != "hash"}
+        body["prev_hash"] = prev
+        if body["event_type"] == "run_closed":
+            body["last_hash"] = prev
+        event = seal(body)
+        out.append(event.model_dump(mode="json"))
+        prev = event.hash
+    return out
+
+
+def measuring(value: Any) -> Callable[[str, Any], dict[str, Any] | None]:
+    """A measurement hook that supplies `value` for to_account."""
+
+    def measure(field: str, ctx: Any) -> dict[str, Any] | None:
+        return {"valid": True, "value": value} if field == "to_account" else None
+
+    return measure
+
+
+async def asked() -> ExecutionRecord:
+    return await sc.decide()
+
+
+async def executed() -> tuple[ExecutionRecord, PreflightEvent]:
+    """An approved transfer and its `executed` outcome event."""
+    pf = sc.engine()
+    state = await sc.decide(pf, user_answers=READY)
+    outcome = await pf.execute_if_ready(state, sc.BANK_TOOL, lambda name, args: {"ok": True})
+    assert outcome.status == "executed"
+    return state, outcome.state.run_events[-1]
+
+
+def plan(items: Sequence[Incoming], stored: dict[str, StoredRun] | None = None, **kwargs: Any) -> Plan:
+    return plan_batch(
+        [prepare(m) for m in items],
+        stored or {},
+        projection="p",
+        next_offsets=kwargs.pop("next_offsets", {}),
+        **kwargs,
+    )
+
+
+def dead(p: Plan) -> list[tuple[str, str]]:
+    return [(row["code"], row["reason"]) for row in rows_as_dicts(p, "dead_letters")]
+
+
+def stored_after(p: Plan) -> dict[str, StoredRun]:
+    """What the database holds of a plan's runs once it is written."""
+    return dict(p.states)
+
+
+# ---- decoding ---------------------------------------------------------------------------------------------
+
+
+class TestDecode:
+    """One message on its own: verified as the sink wrote it, or refused with a code."""
+
+    async def test_a_whole_run_is_verified_and_its_canonical_json_kept(self) -> None:
+        state = await asked()
+        decoded = decode_incoming(message(state.run_events))
+        assert isinstance(decoded, VerifiedRun)
+        assert decoded.events == tuple(state.run_events)
+        assert [t.encode() for t in decoded.encoded] == [encode_event(e) for e in state.run_events]
+
+    async def test_an_outcome_is_a_tail(self) -> None:
+        _, tail = await executed()
+        decoded = decode_incoming(message([tail]))
+        assert isinstance(decoded, VerifiedTail)
+        assert decoded.event == tail
+
+    @pytest.mark.parametrize(
+        ("value", "key", "code"),
+        [
+            (None, KEY.encode(), "tombstone"),
+            (b"[]", None, "no_key"),
+            (b"\xff\xfe not json", KEY.encode(), "undecodable"),
+            (b'{"event_type": "run_started"}', KEY.encode(), "not_an_event_array"),
+            (b"[]", KEY.encode(), "not_an_event_array"),
+            (b"[1]", KEY.encode(), "malformed_event"),
+            (b"[]", b"\xff", "undecodable"),
+        ],
+    )
+    def test_what_is_not_an_event_array_is_refused(self, value: bytes | None, key: bytes | None, code: str) -> None:
+        decoded = decode_incoming(Incoming("events", 0, 7, key, value))
+        assert isinstance(decoded, Rejected)
+        assert decoded.code == code
+
+    async def test_unknown_types_and_versions_are_refused_by_name(self) -> None:
+        events = dumped((await asked()).run_events)
+        unknown = [dict(events[0], event_type="run_teleported"), *events[1:]]
+        future = [dict(events[0], schema_version=2), *events[1:]]
+        rejected = decode_incoming(raw_message(unknown))
+        assert isinstance(rejected, Rejected) and rejected.code == "unknown_event_type"
+        assert "run_teleported" in rejected.reason and rejected.run_id == events[0]["run_id"]
+        rejected = decode_incoming(raw_message(future))
+        assert isinstance(rejected, Rejected) and rejected.code == "unsupported_schema_version"
+
+    async def test_a_malformed_event_is_refused_strictly(self) -> None:
+        events = dumped((await asked()).run_events)
+        for broken in ({**events[1], "seq": "1"}, {**events[1], "surprise": True}, {**events[1], "fixed": "c1"}):
+            rejected = decode_incoming(raw_message([events[0], broken, *events[2:]]))
+            assert isinstance(rejected, Rejected) and rejected.code == "malformed_event", broken
+
+    async def test_an_event_id_that_is_not_a_uuid_is_refused(self) -> None:
+        events = dumped((await asked()).run_events)
+        events[3]["event_id"] = "evt-3"
+        rejected = decode_incoming(raw_message(resealed(events)))
+        assert isinstance(rejected, Rejected) and rejected.code == "event_id_not_uuid"
+
+    @pytest.mark.parametrize(
+        ("edit", "code"),
+        [
+            (lambda ev: ev.__setitem__(4, {**ev[4], "field": {**ev[4]["field"], "value": 1}}), "broken_chain"),
+            (lambda ev: ev.pop(4), "broken_chain"),
+            (lambda ev: ev.insert(3, ev.pop(4)), "broken_chain"),
+            (lambda ev: ev.pop(), "incomplete_run"),
+            (lambda ev: ev.__setitem__(-1, {**ev[-1], "event_count": 3}), "broken_chain"),
+        ],
+        ids=["altered", "dropped", "reordered", "truncated", "recounted"],
+    )
+    async def test_a_broken_chain_is_refused(self, edit: Callable[[list[dict[str, Any]]], Any], code: str) -> None:
+        events = dumped((await asked()).run_events)
+        edit(events)
+        rejected = decode_incoming(raw_message(events))
+        assert isinstance(rejected, Rejected) and rejected.code == code
+
+    async def test_transport_rules_hold_even_for_an_intact_chain(self) -> None:
+        events = dumped((await asked()).run_events)
+        other = dumped((await asked()).run_events)
+        _, tail = await executed()
+        cases = {
+            "key_mismatch": message([decode_event(e) for e in events], key="someone:else"),
+            "mixed_runs": raw_message([*events[:3], *other[3:]]),
+            "incomplete_run": raw_message([tail.model_dump(mode="json"), tail.model_dump(mode="json")]),
+        }
+        for code, item in cases.items():
+            rejected = decode_incoming(item)
+            assert isinstance(rejected, Rejected) and rejected.code == code, rejected
+
+    async def test_a_run_needs_the_decision_event_its_close_announces(self) -> None:
+        events = dumped((await asked()).run_events)
+        gate = events[-2]
+        assert gate["event_type"] == "gate_blocked"
+        relabelled = resealed([*events[:-2], {**gate, "decision": "hold"}, events[-1]])
+        rejected = decode_incoming(raw_message(relabelled))
+        assert isinstance(rejected, Rejected) and rejected.code == "incomplete_run"
+
+    async def test_field_names_must_be_distinct(self) -> None:
+        events = dumped((await asked()).run_events)
+        events[4]["field"] = {**events[4]["field"], "name": events[3]["field"]["name"]}
+        rejected = decode_incoming(raw_message(resealed(events)))
+        assert isinstance(rejected, Rejected) and rejected.code == "unprojectable"
+
+    async def test_a_float_is_hashed_as_the_engine_hashed_it(self) -> None:
+        """orjson writes 1e-05 as 0.00001: such a message takes the reference path, and passes."""
+        pf = sc.engine(
+            measure_from_environment=lambda f, ctx: {"valid": True, "value": 1e-05} if f == "to_account" else None
+        )
+        state = await sc.decide(pf)
+        value = message(state.run_events).value
+        assert value is not None and b"1e-05" in value
+        assert _fast_path(value) is None
+        assert isinstance(decode_incoming(message(state.run_events)), VerifiedRun)
+
+    async def test_a_chain_hashed_over_another_spelling_of_a_float_is_refused(self) -> None:
+        """A producer that hashed orjson's spelling (0.00001, not the canonical 1e-05) made an intact
+        chain -- by its own rules. `verify_run` refuses it, so the projector does too."""
+        events = dumped((await asked()).run_events)
+        events[3]["field"] = {**events[3]["field"], "value": 1e-05}
+        prev = "0" * 64
+        for event in events:
+            body = {k: v for k, v in event.items() if k != "hash"} | {"prev_hash": prev}
+            if body["event_type"] == "run_closed":
+                body["last_hash"] = prev
+            spelled = orjson.dumps(body, option=orjson.OPT_SORT_KEYS)
+            event.clear()
+            event.update(body, hash=hashlib.sha256(prev.encode() + b"\n" + spelled).hexdigest())
+            prev = event["hash"]
+        data = orjson.dumps(events)
+        assert b"0.00001" in data
+        with pytest.raises(ChainError):
+            verify_run([decode_event(e) for e in json.loads(data)])
+        rejected = decode_incoming(raw_message(data))
+        assert isinstance(rejected, Rejected) and rejected.code == "broken_chain"
+        assert "seq 3" in rejected.reason
+
+    async def test_an_integer_beyond_64_bits_is_read_exactly(self) -> None:
+        huge = 2**70 + 1
+        pf = sc.engine(
+            measure_from_environment=lambda f, ctx: {"valid": True, "value": huge} if f == "to_account" else None
+        )
+        state = await sc.decide(pf)
+        decoded = decode_incoming(message(state.run_events))
+        assert isinstance(decoded, VerifiedRun)
+        p = plan_batch([prepare(message(state.run_events))], {}, projection="p", next_offsets={})
+        values = {r["name"]: r["value"] for r in rows_as_dicts(p, "field_provenance")}
+        assert values["to_account"] == str(huge)
+
+
+@cache
+def _base_run() -> str:
+    return json.dumps(dumped(asyncio.run(asked()).run_events))
+
+
+def base_run() -> list[dict[str, Any]]:
+    """A fresh copy of one asked run's events (made once)."""
+    events: list[dict[str, Any]] = json.loads(_base_run())
+    return events
+
+
+@st.composite
+def alterations(draw: st.DrawFn) -> tuple[int, str, Any]:
+    index = draw(st.integers(min_value=0, max_value=8))
+    key = draw(
+        st.sampled_from(["event_id", "run_id", "seq", "prev_hash", "hash", "action_key", "user_id", "occurred_at"])
+    )
+    value = draw(
+        st.one_of(
+            st.none(),
+            st.integers(-3, 12),
+            st.text(max_size=8),
+            st.floats(allow_nan=False, allow_infinity=False),
+            st.just("00000000-0000-4000-8000-000000000000"),
+        )
+    )
+    return index, key, value
+
+
+class TestSameVerdictAsVerifyRun:
+    """The projector accepts a run message exactly when `verify_run` accepts its chain (and it decodes)."""
+
+    @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(change=alterations(), reseal=st.booleans())
+    def test_altered_runs(self, change: tuple[int, str, Any], reseal: bool) -> None:
+        index, key, value = change
+        events = base_run()
+        events[index] = {**events[index], key: value}
+        if reseal and key not in ("hash", "prev_hash"):
+            with contextlib.suppress(Exception):  # an edit that does not validate cannot be re-sealed
+                events = resealed(events)
+        ours = decode_incoming(raw_message(events))
+        try:
+            models = [decode_event(e) for e in events]
+            verify_run(models)
+            theirs = all(m.kafka_key == KEY for m in models)
+        except (EventDecodeError, ChainError):
+            theirs = False
+        if isinstance(ours, VerifiedRun):
+            assert theirs
+        elif theirs:  # only a rule the transport adds, or a non-UUID event id, may refuse it
+            assert isinstance(ours, Rejected) and ours.code in ("event_id_not_uuid", "key_mismatch", "mixed_runs")
+
+    @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(change=alterations())
+    def test_the_fast_path_never_accepts_what_the_reference_path_refuses(self, change: tuple[int, str, Any]) -> None:
+        index, key, value = change
+        events = base_run()
+        events[index] = {**events[index], key: value}
+        data = canonical_json(events) if not isinstance(value, float) else json.dumps(events).encode()
+        fast = _fast_path(data)
+        if fast is not None:
+            verify_run(fast[0])
+
+
+# ---- planning -------------------------------------------------------------------------------------------
+
+
+class TestRunRows:
+    """A run's rows say exactly what its events say."""
+
+    async def test_the_seed_transfer_asked_then_executed(self) -> None:
+        first = await asked()
+        state, tail = await executed()
+        p = plan([message(first.run_events, 0), message(state.run_events, 1), message([tail], 2)])
+        assert p.counts["runs"] == 2 and p.counts["outcomes"] == 1 and p.archived == 9 + 9 + 1
+        runs = {r["decision"]: r for r in rows_as_dicts(p, "runs")}
+        done = runs["execute"]
+        assert done["outcome"] == "executed" and done["event_count"] == 10 and done["last_hash"] == tail.hash
+        assert done["closing_event_count"] == 9 and done["last_seq"] == 9
+        assert done["c1_when_case"] == "immediate" and done["c2_source"] == "instruction"
+        assert done["c3_provider_action_name"] == "bank.transfer" and done["c3_approved"] is True
+        assert done["decision_id"] == tail.model_dump()["decision_id"]
+        assert runs["ask_user"]["outcome"] is None and runs["ask_user"]["unknown_count"] == 1
+
+        fields = {(r["run_id"], r["name"]): r for r in rows_as_dicts(p, "field_provenance")}
+        run_id = done["run_id"]
+        to_account = fields[(run_id, "to_account")]
+        assert (to_account["value"], to_account["source"], to_account["supplied_by"], to_account["supplied_via"]) == (
+            '"2200119"',
+            "user_answer",
+            "user",
+            "answer",
+        )
+        amount = fields[(run_id, "amount")]
+        assert (amount["supplied_by"], amount["segment_index"], amount["span_start"], amount["span_end"]) == (
+            "user",
+            0,
+            5,
+            12,
+        )
+        assert fields[(run_id, "from_account")]["supplied_by"] == "pre_set"
+        unknown = fields[(first.run_ref.run_id if first.run_ref else "", "to_account")]
+        assert unknown["status"] == "unknown" and unknown["value"] is None and unknown["supplied_by"] is None
+
+        gates = rows_as_dicts(p, "gate_decisions")
+        assert [(g["gate_name"], g["decision"], g["gap_class"], g["unknown_fields"]) for g in gates] == [
+            ("value", "ask_user", "instruction_gap", ["to_account"])
+        ]
+        (execution,) = rows_as_dicts(p, "executions")
+        assert execution["outcome"] == "executed" and execution["run_id"] == run_id
+        checklist = rows_as_dicts(p, "checklist_results")
+        assert {(c["item_id"], c["status"], c["source"]) for c in checklist} == {
+            ("chk_limit", "verified", "measured_data")
+        }
+
+    async def test_archive_rows_are_the_events_verbatim(self) -> None:
+        state = await asked()
+        p = plan([message(state.run_events, 5, partition=1)])
+        rows = rows_as_dicts(p, "archive")
+        assert [r["event"].encode() for r in rows] == [encode_event(e) for e in state.run_events]
+        assert [(r["partition"], r["offset"], r["message_index"]) for r in rows] == [(1, 5, i) for i in range(9)]
+        assert [r["seq"] for r in rows] == list(range(9))
+
+    async def test_an_inherited_value_names_its_baseline(self) -> None:
+        storage = MemoryStorage()
+        pf = create_preflight(hooks=sc.hooks(), storage=storage)
+        first = await pf.run_and_record(sc.transfer(user_answers=READY))
+        done = await pf.execute_if_ready(first, sc.BANK_TOOL, lambda n, a: "ok")
+        again = await pf.run_and_record(sc.transfer())
+        p = plan([message(again.run_events)])
+        field = next(r for r in rows_as_dicts(p, "field_provenance") if r["name"] == "to_account")
+        assert (field["source"], field["origin_source"], field["supplied_by"], field["supplied_via"]) == (
+            "prior_state",
+            "user_answer",
+            "user",
+            "inherited",
+        )
+        assert done.state.run_ref is not None and field["baseline_run_id"] == done.state.run_ref.run_id
+
+    async def test_a_deferred_run_marks_its_pending_fields(self) -> None:
+        def pending(record: dict[str, Any], ctx: Any) -> dict[str, Any]:
+            return {**record, "pending_at_trigger": True} if record["status"] == "unknown" else record
+
+        state = await sc.decide(sc.engine(classify_when_case=lambda i: "scheduled", apply_field_policy=pending))
+        assert state.execution_decision == "deferred"
+        p = plan([message(state.run_events)])
+        (run,) = rows_as_dicts(p, "runs")
+        assert (run["decision"], run["phase"]) == ("deferred", "at_instruction")
+        assert {r["name"] for r in rows_as_dicts(p, "field_provenance") if r["pending_at_trigger"]} == {"to_account"}
+        assert rows_as_dicts(p, "gate_decisions") == []
+
+    async def test_a_checklist_id_hold_has_no_key_no_fields_and_a_configuration_gate(self) -> None:
+        state = await sc.decide(user_checklist=[{"description": "no id"}])
+        p = plan([message(state.run_events)])
+        (run,) = rows_as_dicts(p, "runs")
+        assert (run["decision"], run["action_key"], run["fields_computed"]) == ("hold", None, False)
+        assert rows_as_dicts(p, "field_provenance") == []
+        (gate,) = rows_as_dicts(p, "gate_decisions")
+        assert (gate["gate_name"], gate["kind"], gate["gap_class"]) == (
+            "checklist_ids",
+            "checklist_id_missing",
+            "configuration_defect",
+        )
+
+    async def test_a_tool_the_gate_refused(self) -> None:
+        state = await sc.decide(sc.engine(confirm_tool_name_matches_intent=lambda c2, t: {"approved": False}))
+        p = plan([message(state.run_events)])
+        (run,) = rows_as_dicts(p, "runs")
+        assert (run["c3_approved"], run["decision"]) == (False, "ask_user")
+        (gate,) = rows_as_dicts(p, "gate_decisions")
+        assert (gate["gate_name"], gate["kind"], gate["gap_class"]) == (
+            "tool",
+            "tool_undetermined",
+            "action_definition_gap",
+        )
+
+    async def test_arrow_tables_follow_the_specs(self) -> None:
+        state, tail = await executed()
+        p = plan([message(state.run_events), message([tail], 1), raw_message(b"nope", 2)])
+        tables = to_arrow(p)
+        for spec in TABLES:
+            if spec.name in tables:
+                assert tables[spec.name].schema == spec.schema
+                assert tables[spec.name].num_rows == len(p.rows[spec.name])
+        assert "run_outcomes" not in tables  # the outcome was merged into its same-batch run
+
+
+class TestRedelivery:
+    """What the projection already holds changes nothing."""
+
+    async def test_the_same_run_twice_in_a_batch_is_projected_once(self) -> None:
+        state = await asked()
+        p = plan([message(state.run_events, 0), message(state.run_events, 1)])
+        assert (p.counts["runs"], p.counts["duplicates"], p.archived) == (1, 1, 9)
+        assert p.offsets == {("events", 0): 2}
+
+    async def test_a_stored_run_is_a_duplicate_and_another_under_its_id_a_conflict(self) -> None:
+        state = await asked()
+        first = plan([message(state.run_events, 0)])
+        again = plan([message(state.run_events, 7)], stored_after(first))
+        assert (again.archived, again.counts["duplicates"], dead(again)) == (0, 1, [])
+        forged = dumped((await asked()).run_events)
+        forged = resealed([{**e, "run_id": state.run_events[0].run_id} for e in forged])
+        conflict = plan([raw_message(forged, 8)], stored_after(first))
+        assert [code for code, _ in dead(conflict)] == ["run_id_conflict"]
+
+    async def test_messages_below_the_stored_offset_are_skipped(self) -> None:
+        state = await asked()
+        p = plan([message(state.run_events, 3), raw_message(b"junk", 4)], next_offsets={("events", 0): 5})
+        assert (p.archived, p.counts["redelivered"], p.offsets, dead(p)) == (0, 2, {}, [])
+
+    async def test_an_archived_event_id_refuses_the_message(self) -> None:
+        state = await asked()
+        taken = frozenset({state.run_events[4].event_id})
+        p = plan([message(state.run_events)], taken_event_ids=taken)
+        assert [code for code, _ in dead(p)] == ["event_id_reused"] and p.archived == 0
+
+    async def test_an_event_id_reused_by_another_run_in_the_batch(self) -> None:
+        one = dumped((await asked()).run_events)
+        two = dumped((await asked()).run_events)
+        two[2]["event_id"] = one[5]["event_id"]
+        p = plan([raw_message(one, 0), raw_message(resealed(two), 1)])
+        assert p.counts["runs"] == 1 and [code for code, _ in dead(p)] == ["event_id_reused"]
+
+
+class TestOutcomes:
+    """An outcome applies once, only to an approved run whose stored last hash it extends."""
+
+    async def test_an_outcome_for_a_run_of_an_earlier_batch_updates_it(self) -> None:
+        state, tail = await executed()
+        first = plan([message(state.run_events, 0)])
+        second = plan([message([tail], 1)], stored_after(first))
+        (update,) = rows_as_dicts(second, "run_outcomes")
+        assert (update["outcome"], update["event_count"], update["last_seq"], update["last_hash"]) == (
+            "executed",
+            10,
+            9,
+            tail.hash,
+        )
+        again = plan([message([tail], 2)], stored_after(second))
+        assert (again.archived, again.counts["duplicates"], dead(again)) == (0, 1, [])
+
+    async def test_an_outcome_without_its_run(self) -> None:
+        _, tail = await executed()
+        assert [code for code, _ in dead(plan([message([tail])]))] == ["outcome_without_run"]
+
+    async def test_an_outcome_for_a_run_that_was_not_approved(self) -> None:
+        state = await asked()
+        _, tail = await executed()
+        first = plan([message(state.run_events, 0)])
+        raw = tail.model_dump(mode="json")
+        moved = seal(
+            {**{k: v for k, v in raw.items() if k != "hash"}, "run_id": state.run_events[0].run_id, "seq": 9}
+            | {"prev_hash": state.run_events[-1].hash}
+        )
+        item = message([moved], 1)
+        p = plan([item], stored_after(first))
+        ((code, reason),) = dead(p)
+        assert code == "outcome_for_non_execute" and "ask_user" in reason
+        (letter,) = rows_as_dicts(p, "dead_letters")
+        assert (letter["original"], letter["message_key"], letter["offset"]) == (item.value, item.key, 1)
+
+    async def test_an_outcome_that_does_not_link_or_match(self) -> None:
+        state, tail = await executed()
+        stored = stored_after(plan([message(state.run_events, 0)]))
+        raw = {k: v for k, v in tail.model_dump(mode="json").items() if k != "hash"}
+        unlinked = seal({**raw, "prev_hash": "f" * 64})
+        other_decision = seal({**raw, "decision_id": "00000000-0000-4000-8000-000000000000"})
+        assert [code for code, _ in dead(plan([message([unlinked], 1)], stored))] == ["broken_chain"]
+        assert [code for code, _ in dead(plan([message([other_decision], 1)], stored))] == ["outcome_mismatch"]
+
+    async def test_a_second_outcome_is_refused(self) -> None:
+        state, tail = await executed()
+        first = plan([message(state.run_events, 0), message([tail], 1)])
+        raw = {k: v for k, v in tail.model_dump(mode="json").items() if k not in ("hash", "result_digest")}
+        failed = seal(
+            {**raw, "event_type": "execution_failed", "error_type": "RuntimeError", "error": "boom"}
+            | {"event_id": "00000000-0000-4000-8000-00000000000f"}
+        )
+        assert [code for code, _ in dead(plan([message([failed], 2)], stored_after(first)))] == ["second_outcome"]
+
+
+class TestPrepared:
+    """What a decode worker returns: plain values, planned the same after pickling, never mutated by a plan."""
+
+    async def test_pickled_and_planned_twice_it_plans_the_same(self) -> None:
+        state, tail = await executed()
+        items = [message(state.run_events, 0), message([tail], 1), raw_message(b"junk", 2)]
+        prepared = prepare_all(items)
+        first = plan_batch(prepared, {}, projection="p", next_offsets={})
+        again = plan_batch(pickle.loads(pickle.dumps(prepared)), {}, projection="p", next_offsets={})
+        replanned = plan_batch(prepared, {}, projection="p", next_offsets={})
+        assert first.rows == again.rows == replanned.rows
+        assert first.rows["runs"][0][RUNS_OUTCOME_COLUMN] == "executed"
+        run = prepared[0]
+        assert isinstance(run, PreparedRun) and run.rows.run["outcome"] is None  # the plan merged a copy
+        assert run.incoming == items[0]  # the plan may still dead-letter it, with its original bytes
