@@ -269,6 +269,35 @@ async def _reason(hooks: Mapping[str, Hook], decision: str, gate: Mapping[str, A
     return out if isinstance(out, str) and out else default_format_reason(decision, gate)
 
 
+def _undecided(
+    *,
+    action_key: str | None,
+    phase: Literal["at_instruction", "at_trigger"] | None,
+    fixed: Fixed,
+    checklist: list[Any],
+    gate: IntentGate | ToolGate | DefinitionGate,
+    decision: Literal["ask_user", "hold"],
+    reason: str,
+    now: str,
+) -> ExecutionRecord:
+    """A record stopped by a gate above the field lookup: no fields, no counts, no advisory notes
+    (an undetermined tool's description is not carried)."""
+    return ExecutionRecord(
+        action_key=action_key,
+        phase=phase,
+        fixed=fixed,
+        fields=None,
+        advisory_notes="",
+        user_checklist=checklist,
+        unknown_count=None,
+        unverified_checklist_count=None,
+        gate=gate,
+        execution_decision=decision,
+        reason=reason,
+        timestamp=now,
+    )
+
+
 async def decide(
     hooks: Mapping[str, Hook],
     inp: PreflightInput,
@@ -311,19 +340,15 @@ async def decide(
             _diag={"issues": blocking, "attempt": intent_attempt, "limit": INTENT_ATTEMPT_LIMIT},
         )
         slots = ", ".join(f"{i['slot']}:{i['code']}" for i in blocking)
-        record = ExecutionRecord(
+        record = _undecided(
             action_key=None,
             phase=None,
             fixed=Fixed.model_validate(fixed_values),
-            fields=None,
-            advisory_notes="",
-            user_checklist=checklist_json,
-            unknown_count=None,
-            unverified_checklist_count=None,
+            checklist=checklist_json,
             gate=gate,
-            execution_decision=decision,
+            decision=decision,
             reason=f"{decision}: intent undetermined ({slots}), attempt {intent_attempt} of {INTENT_ATTEMPT_LIMIT}",
-            timestamp=clock(),
+            now=clock(),
         )
         trace.gate_name, trace.gap_class = "intent", "instruction_gap"
         return Decided(record, trace)
@@ -369,19 +394,15 @@ async def decide(
                 "limit": TOOL_ATTEMPT_LIMIT,
             },
         )
-        record = ExecutionRecord(
+        record = _undecided(
             action_key=action_key,
             phase=phase,
             fixed=fixed,
-            fields=None,
-            advisory_notes="",
-            user_checklist=checklist_json,
-            unknown_count=None,
-            unverified_checklist_count=None,
+            checklist=checklist_json,
             gate=tool_gate,
-            execution_decision=decision,
+            decision=decision,
             reason=f"{decision}: tool undetermined ({c3_reason})",
-            timestamp=clock(),
+            now=clock(),
         )
         trace.gate_name, trace.gap_class = "tool", "action_definition_gap"
         return Decided(record, trace)
@@ -394,19 +415,15 @@ async def decide(
             user_message=MSG_DEFINITION_INCOMPLETE,
             _diag={"candidate_tool": inp.tool.name, "defect": "input_schema missing"},
         )
-        record = ExecutionRecord(
+        record = _undecided(
             action_key=action_key,
             phase=phase,
             fixed=fixed,
-            fields=None,
-            advisory_notes="",
-            user_checklist=checklist_json,
-            unknown_count=None,
-            unverified_checklist_count=None,
+            checklist=checklist_json,
             gate=definition_gate,
-            execution_decision="hold",
+            decision="hold",
             reason="hold: tool definition incomplete (input schema missing)",
-            timestamp=clock(),
+            now=clock(),
         )
         trace.gate_name, trace.gap_class = "tool_definition", "action_definition_gap"
         return Decided(record, trace)
