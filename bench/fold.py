@@ -35,9 +35,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from infra.brokers import create_topics
+from infra.brokers import create_topics, publish_messages
 from infra.embedded import EmbeddedBroker
 from preflight import MemoryEventSink, MemoryStorage, create_preflight
 from preflight.events import canonical_json, content_hash
@@ -158,27 +158,6 @@ async def workload(n_events: int, n_keys: int, seed: int = 7) -> tuple[list[tupl
         events += sum(len(m) for m in made[outcome])
         mix[outcome] += 1
     return messages, events, mix
-
-
-async def publish(bootstrap: str, topic: str, messages: Sequence[tuple[bytes, bytes]]) -> dict[int, int]:
-    producer = AIOKafkaProducer(
-        bootstrap_servers=bootstrap, acks="all", linger_ms=20, max_batch_size=1 << 20, max_request_size=4 << 20
-    )
-    await producer.start()
-    ends: dict[int, int] = {}
-    try:
-        pending = []
-        for key, value in messages:
-            pending.append(await producer.send(topic, key=key, value=value))
-            if len(pending) >= 5000:
-                for md in await asyncio.gather(*pending):
-                    ends[md.partition] = max(ends.get(md.partition, 0), md.offset + 1)
-                pending = []
-        for md in await asyncio.gather(*pending):
-            ends[md.partition] = max(ends.get(md.partition, 0), md.offset + 1)
-    finally:
-        await producer.stop()
-    return ends
 
 
 async def raw_consume(bootstrap: str, topic: str, ends: dict[int, int], decode: Any) -> tuple[float, int]:
@@ -321,7 +300,7 @@ async def bench(args: argparse.Namespace) -> None:
         topic = f"bench.fold.{uuid.uuid4().hex[:8]}"
         await create_topics(bootstrap, [topic], args.partitions)
         t0 = time.perf_counter()
-        ends = await publish(bootstrap, topic, messages)
+        ends = await publish_messages(bootstrap, topic, messages)
         print(f"published in {time.perf_counter() - t0:.1f} s; end offsets {ends}")
         backfill = Backfill(bootstrap, topic)
         try:

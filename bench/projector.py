@@ -32,9 +32,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from aiokafka import AIOKafkaProducer
-
-from infra.brokers import create_topics
+from infra.brokers import create_topics, publish_messages
 from infra.embedded import EmbeddedBroker
 from preflight import MemoryEventSink, MemoryStorage, create_preflight
 from preflight.events import canonical_json, content_hash
@@ -196,27 +194,6 @@ async def workload(n_events: int, n_users: int, seed: int = 11) -> tuple[list[tu
     return messages, events, mix
 
 
-async def publish(bootstrap: str, topic: str, messages: Sequence[tuple[bytes, bytes]]) -> dict[int, int]:
-    producer = AIOKafkaProducer(
-        bootstrap_servers=bootstrap, acks="all", linger_ms=20, max_batch_size=1 << 20, max_request_size=4 << 20
-    )
-    await producer.start()
-    ends: dict[int, int] = {}
-    try:
-        pending = []
-        for key, value in messages:
-            pending.append(await producer.send(topic, key=key, value=value))
-            if len(pending) >= 5000:
-                for md in await asyncio.gather(*pending):
-                    ends[md.partition] = max(ends.get(md.partition, 0), md.offset + 1)
-                pending = []
-        for md in await asyncio.gather(*pending):
-            ends[md.partition] = max(ends.get(md.partition, 0), md.offset + 1)
-    finally:
-        await producer.stop()
-    return ends
-
-
 def bulk_insert(path: Path, topic: str, messages: Sequence[tuple[bytes, bytes]]) -> tuple[float, int]:
     """Seconds to insert every row the projector would write, in one transaction, and the event count."""
     incoming = [Incoming(topic, 0, offset, key, value) for offset, (key, value) in enumerate(messages)]
@@ -243,7 +220,7 @@ async def bench(args: argparse.Namespace) -> None:
             topic = f"bench.projector.{uuid.uuid4().hex[:8]}"
             await create_topics(broker.bootstrap_servers, [topic], partitions=args.partitions)
             t0 = time.perf_counter()
-            ends = await publish(broker.bootstrap_servers, topic, messages)
+            ends = await publish_messages(broker.bootstrap_servers, topic, messages)
             print(f"published in {time.perf_counter() - t0:.1f} s; end offsets {ends}")
 
             async with Projector(

@@ -16,10 +16,11 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Protocol, Self
 
+from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.client import AIOKafkaClient
 from aiokafka.protocol.metadata import MetadataRequest
@@ -218,3 +219,35 @@ async def delete_topics(bootstrap: str, names: Iterable[str], *, timeout_s: floa
     finally:
         await client.close()
         await admin.close()
+
+
+async def publish_messages(
+    bootstrap_servers: str, topic: str, messages: Sequence[tuple[bytes, bytes]], window: int = 5000
+) -> dict[int, int]:
+    """Publish pre-encoded `(key, value)` messages with acks=all, at most `window` unacknowledged at a
+    time, and return each partition's end offset after them (for benchmarks and loads)."""
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap_servers,
+        acks="all",
+        linger_ms=20,
+        max_batch_size=1 << 20,
+        max_request_size=4 << 20,
+    )
+    await producer.start()
+    ends: dict[int, int] = {}
+
+    async def settle(pending: list[Any]) -> None:
+        for metadata in await asyncio.gather(*pending):
+            ends[metadata.partition] = max(ends.get(metadata.partition, 0), metadata.offset + 1)
+
+    try:
+        pending: list[Any] = []
+        for key, value in messages:
+            pending.append(await producer.send(topic, key=key, value=value))
+            if len(pending) >= window:
+                await settle(pending)
+                pending = []
+        await settle(pending)
+    finally:
+        await producer.stop()
+    return ends
