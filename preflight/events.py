@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Annotated, Any, Literal
 
@@ -250,8 +251,13 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
-def decode_event(data: bytes | str | Mapping[str, Any]) -> PreflightEvent:
-    """Read one event; raise `EventDecodeError` naming the defect for anything else."""
+def decode_event(data: bytes | str | Mapping[str, Any], *, hashed: bool = False) -> PreflightEvent:
+    """Read one event; raise `EventDecodeError` naming the defect for anything else.
+
+    `hashed=True` says the caller has already checked this mapping's `hash` against its canonical
+    form (`hash_matches`): that proves it can be written back, so the check is skipped. Validation
+    is strict either way, so the model holds exactly the mapping's values.
+    """
     if isinstance(data, (bytes, bytearray, memoryview)):
         try:
             raw: Any = json.loads(bytes(data).decode("utf-8"), parse_constant=_no_constant)
@@ -280,6 +286,8 @@ def decode_event(data: bytes | str | Mapping[str, Any]) -> PreflightEvent:
             f"{'.'.join(str(p) for p in err['loc']) or '<event>'}: {err['msg']}" for err in exc.errors()
         )
         raise EventDecodeError(f"malformed {event_type}: {problems}") from exc
+    if hashed:
+        return event
     try:
         canonical_json(event_body(event))  # what cannot be written back cannot be verified either
     except (ValueError, TypeError, RecursionError) as exc:  # NaN, lone surrogates, too deep, non-JSON
@@ -419,6 +427,9 @@ def _skip(text: str, i: int) -> int:
     return i
 
 
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+
+
 def hash_matches(event: Mapping[str, Any], text: str | None = None) -> bool:
     """True if `event`'s hash matches its content and `prev_hash`.
 
@@ -429,8 +440,11 @@ def hash_matches(event: Mapping[str, Any], text: str | None = None) -> bool:
     expected, prev = event.get("hash"), event.get("prev_hash")
     if not isinstance(expected, str) or not isinstance(prev, str):
         return False
-    if text is not None:
-        needle = '"hash":' + json.dumps(expected, ensure_ascii=False) + ","
+    # The fast path only for text without `\u` escapes: canonical text has none (bar control
+    # characters), and an escaped lone surrogate must not pass as encodable (see `decode_event`).
+    if text is not None and "\\u" not in text:
+        quoted = f'"{expected}"' if _HEX64.fullmatch(expected) else json.dumps(expected, ensure_ascii=False)
+        needle = '"hash":' + quoted + ","
         at = text.find(needle)
         if at >= 0:
             try:

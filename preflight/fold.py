@@ -35,16 +35,8 @@ RECENT_RUNS_PER_KEY = 64
 AWAITING_RUNS_PER_KEY = 32
 DECISIONS = ("execute", "ask_user", "hold", "deferred")
 
-_ENVELOPE_TYPES: dict[str, type | tuple[type, ...]] = {
-    "event_id": str,
-    "event_type": str,
-    "schema_version": int,
-    "run_id": str,
-    "seq": int,
-    "prev_hash": str,
-    "hash": str,
-    "occurred_at": str,
-}
+# The envelope's members and their JSON types (`bool` is not an `int` here).
+_ENVELOPE_STRINGS = ("event_id", "event_type", "run_id", "prev_hash", "hash", "occurred_at")
 
 
 @dataclass(frozen=True)
@@ -84,20 +76,26 @@ def _anomaly(state: dict[str, Any], reason: str) -> Folded:
 
 
 def check_shape(event: Any) -> str | None:
-    """A cheap structural check of one decoded event (type, version, envelope); None if it passes."""
-    if not isinstance(event, Mapping):
+    """A cheap structural check of one decoded event (type, version, envelope); None if it passes.
+
+    Exact type checks (`type(v) is str`): decoded JSON holds no subclasses, and a `bool` is not a seq.
+    """
+    if type(event) is not dict and not isinstance(event, Mapping):
         return f"event is a JSON {type(event).__name__}, not an object"
-    event_type = event.get("event_type")
-    if not isinstance(event_type, str) or event_type not in EVENT_TYPES:
+    get = event.get
+    event_type = get("event_type")
+    if type(event_type) is not str or event_type not in EVENT_TYPES:
         return f"unknown event_type: {event_type!r:.80}"
-    version = event.get("schema_version")
+    version = get("schema_version")
     if type(version) is not int or version not in SUPPORTED_EVENT_VERSIONS:
         return f"unsupported schema_version {version!r:.80} for {event_type}"
-    for key, kind in _ENVELOPE_TYPES.items():
-        value = event.get(key)
-        if not isinstance(value, kind) or isinstance(value, bool):
+    for key in _ENVELOPE_STRINGS:
+        if type(get(key)) is not str:
             return f"{event_type}: missing or mistyped {key}"
-    if not (event.get("action_key") is None or isinstance(event.get("action_key"), str)):
+    if type(get("seq")) is not int:
+        return f"{event_type}: missing or mistyped seq"
+    action_key = get("action_key")
+    if action_key is not None and type(action_key) is not str:
         return f"{event_type}: mistyped action_key"
     return None
 
@@ -220,8 +218,9 @@ def _apply_tail(state: dict[str, Any], run_id: str, events: Sequence[Mapping[str
     baseline_changed = False
     if executed:
         try:
-            # The run's chain and the tail's link were verified as they arrived.
-            record = rebuild_record([decode_event(e) for e in [*waiting["events"], tail]], verify=False)
+            # The run's chain, each hash and the tail's link were verified as they arrived.
+            events_in = [decode_event(e, hashed=True) for e in [*waiting["events"], tail]]
+            record = rebuild_record(events_in, verify=False)
         except (EventDecodeError, ChainError) as exc:
             return _anomaly(state, f"executed run cannot be rebuilt: {exc}")
         if record.execution_decision != "executed":

@@ -159,3 +159,35 @@ class TestWireText:
 
         with pytest.raises(EventDecodeError):
             decode_message(data)
+
+    async def test_text_hashed_with_an_escaped_lone_surrogate_is_not_vouched_for(self) -> None:
+        """A forger can hash text holding `\\ud800`: the text encodes, but the value it decodes to cannot
+        be written back. The fast path must not vouch for it (the fold then skips the write-back check)."""
+        import hashlib
+
+        from preflight.events import hash_matches
+
+        event = (await decide()).run_events[0].model_dump(mode="json")
+        event["agent_id"] = "PLACEHOLDER"
+        body = {k: v for k, v in event.items() if k != "hash"}
+        text = encode_event_body(body).replace('"PLACEHOLDER"', '"\\ud800"')
+        forged_hash = hashlib.sha256(event["prev_hash"].encode() + b"\n" + text.encode()).hexdigest()
+        at = text.index('"occurred_at"')  # keys are sorted: "hash" comes just before it
+        full = text[:at] + f'"hash":"{forged_hash}",' + text[at:]
+        wire = decode_message(("[" + full + "]").encode())
+        assert wire[0]["agent_id"] == "\ud800"
+        assert not hash_matches(wire[0], wire.texts[0])
+
+    async def test_decode_event_hashed_skips_only_the_write_back_check(self) -> None:
+        from preflight.errors import EventDecodeError
+
+        event = (await decide()).run_events[0].model_dump(mode="json")
+        assert decode_event(event, hashed=True) == decode_event(event)
+        with pytest.raises(EventDecodeError):
+            decode_event({**event, "seq": "0"}, hashed=True)  # still strict: no coercion
+
+
+def encode_event_body(body: dict[str, Any]) -> str:
+    import json
+
+    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
