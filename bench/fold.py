@@ -9,7 +9,9 @@ then measures:
   (ii)  fold: a `faust worker` subprocess (streams.app, the startup catch-up off, so Faust's consumer
         delivers everything) folding the topic from offset 0 until its watermarks reach the end;
         events/s over the worker's own fold window (first to last batch), and over wall time;
-  (iii) the pure fold in this process (decode + `evolve`, no broker), the ceiling for (ii).
+  (iii) the pure fold in this process (decode + `evolve`, no broker), the ceiling for (ii);
+  (iv)  a bare Faust agent (`bench/faust_floor.py`: take_events, count only), the ceiling of any Faust
+        worker on this topic;
 
 and prints (ii)/(i). With ``--profile`` the worker runs under cProfile and the top of the profile
 is printed; the CPU time of each worker thread is printed either way. Everything started is stopped.
@@ -276,6 +278,42 @@ async def run_worker(
             print(f"worker log: {worker.log_path}")
 
 
+def faust_floor(bootstrap: str, topic: str, partitions: int, n_messages: int, workdir: Path, timeout_s: float) -> float:
+    """Seconds between the first and last batch of `bench/faust_floor.py` counting the whole topic."""
+    import subprocess
+    import sys
+    import urllib.request
+
+    port = _free_port()
+    env = {
+        **os.environ,
+        "FLOOR_APP_ID": f"bench-floor-{uuid.uuid4().hex[:8]}",
+        "FLOOR_BROKER": bootstrap,
+        "FLOOR_TOPIC": topic,
+        "FLOOR_PARTITIONS": str(partitions),
+        "FLOOR_DATA_DIR": str(workdir / "floor-data"),
+    }
+    script = Path(__file__).with_name("faust_floor.py")
+    command = [sys.executable, str(script), "worker", "-l", "info", "--web-port", str(port)]
+    with open(workdir / "floor.log", "ab") as log:
+        proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            time.sleep(0.25)  # polling an HTTP counter, bounded by the deadline
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/floor", timeout=2) as response:
+                    body = json.loads(response.read())
+            except OSError:
+                continue
+            if sum(body["counted"].values()) >= n_messages:
+                return float(body["last"] - body["first"])
+        raise TimeoutError(f"the Faust floor agent did not count {n_messages} messages in {timeout_s} s")
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
 def _free_port() -> int:
     import socket
 
@@ -341,6 +379,15 @@ async def bench(args: argparse.Namespace) -> None:
             f" {raw_cpu / worker_cpu:.2f}x raw's (the rate ratio if both had a core to themselves)"
         )
         print(f"fold totals: {totals['states']}")
+        floor_s = await asyncio.to_thread(
+            faust_floor, bootstrap, topic, args.partitions, len(messages), workdir, args.timeout
+        )
+        floor_rate = n_events / floor_s
+        print(
+            f"(iv)  bare Faust agent (take_events, count only; bench/faust_floor.py): {floor_rate:,.0f} events/s"
+            f" ({len(messages) / floor_s:,.0f} messages/s) = {floor_rate / raw_rate:.2f}x raw: the ceiling of any"
+            f" Faust worker on this topic; the fold reaches {fold_rate / floor_rate:.2f}x of it"
+        )
         if args.catch_up:
             caught = await run_worker(bootstrap, topic, args.partitions, ends, workdir, args, catch_up=True)
             since = caught["status"]["since_start"]
