@@ -1,0 +1,204 @@
+"""The worker's pure parts: `streams.batch.fold_partition` (a partition's batch around `evolve`) and
+`streams.view` (the HTTP answers), without Faust or a broker."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+
+from preflight.records import UNKEYED_RECORD_KEY
+from streams.batch import DeadLetter, Incoming, Missing, PartitionFold, Progress, fold_partition, state_key
+from streams.view import (
+    BaselineQuery,
+    QueryError,
+    baseline_body,
+    default_partition,
+    key_partition,
+    parse_query,
+    totals,
+)
+from tests.unit.test_fold import KEY, history
+
+TOPIC = "events"
+
+
+def message(events: list[dict[str, Any]]) -> bytes:
+    return json.dumps(events, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+class Partition:
+    """One partition's fold, its table kept in a dict the way the worker keeps it in its Faust table."""
+
+    def __init__(self) -> None:
+        self.table: dict[str, Any] = {}
+        self.progress = Progress()
+
+    def fold(self, items: list[Incoming | Missing]) -> PartitionFold:
+        result = fold_partition(TOPIC, 0, items, self.progress, self.table.get)
+        for key, state in result.writes.items():
+            self.table[state_key(key)] = state
+        self.progress = result.progress
+        return result
+
+
+def kafka_key(events: list[dict[str, Any]]) -> bytes:
+    return str(events[0]["action_key"] or UNKEYED_RECORD_KEY).encode()
+
+
+async def messages() -> list[tuple[bytes, bytes]]:
+    """asked, ready (execute), its executed tail (all under KEY), and a hold stopped before the key is built."""
+    h = await history()
+    return [(kafka_key(h[name]), message(h[name])) for name in ("asked", "ready", "executed_tail", "held")]
+
+
+class TestFoldPartition:
+    async def test_folds_in_order_and_counts_every_offset_once(self) -> None:
+        part = Partition()
+        items: list[Incoming | Missing] = [Incoming(0, i, k, v) for i, (k, v) in enumerate(await messages())]
+        result = part.fold(items)
+        assert result.progress == Progress(offset=3, messages=4, applied=4)
+        assert result.dead_letters == []
+        assert result.baselines_changed == 1
+        assert list(result.writes) == [KEY, UNKEYED_RECORD_KEY]
+        assert part.table[state_key(KEY)]["baseline"]["record"]["execution_decision"] == "executed"
+
+    async def test_redelivered_offsets_are_skipped_before_decoding(self) -> None:
+        part = Partition()
+        items: list[Incoming | Missing] = [Incoming(0, i, k, v) for i, (k, v) in enumerate(await messages())]
+        part.fold(items[:3])
+        before = json.dumps(part.table, sort_keys=True)
+        # Offsets 0..2 again, with garbage values: a redelivery is never even decoded.
+        garbage: list[Incoming | Missing] = [Incoming(0, i, KEY.encode(), b"not json") for i in range(3)]
+        again = part.fold(garbage + items[3:])
+        assert again.redelivered == 3
+        assert again.dead_letters == []
+        assert again.progress == Progress(offset=3, messages=4, applied=4)
+        assert json.dumps({k: v for k, v in part.table.items()}, sort_keys=True) != before  # offset 3 applied
+
+    @pytest.mark.parametrize(
+        ("key", "value", "reason"),
+        [
+            (None, b"[]", "no key"),
+            (b"\xff\xfe", b"[]", "not UTF-8"),
+            (KEY.encode(), None, "tombstone"),
+            (KEY.encode(), b"{not json", "undecodable"),
+            (KEY.encode(), b"[]", "empty array"),
+            (KEY.encode(), b'[{"event_type":"mystery"}]', "unknown event_type"),
+        ],
+    )
+    async def test_bad_messages_become_dead_letters_with_their_bytes(
+        self, key: bytes | None, value: bytes | None, reason: str
+    ) -> None:
+        part = Partition()
+        good = await messages()
+        items: list[Incoming | Missing] = [
+            Incoming(0, 0, key, value),
+            Incoming(0, 1, *good[0]),
+        ]
+        result = part.fold(items)
+        assert [d.offset for d in result.dead_letters] == [0]
+        letter = result.dead_letters[0]
+        assert reason in letter.reason
+        record = json.loads(letter.encode())
+        assert record["offset"] == 0 and record["topic"] == TOPIC and record["partition"] == 0
+        assert record["value_b64"] == (base64.b64encode(value).decode() if value is not None else None)
+        assert record["key_b64"] == (base64.b64encode(key).decode() if key is not None else None)
+        # The good message after it is folded: a bad one never stops the partition.
+        assert result.progress == Progress(offset=1, messages=2, applied=1, dead_letters=1)
+
+    async def test_an_anomaly_changes_no_state(self) -> None:
+        h = await history()
+        part = Partition()
+        part.fold([Incoming(0, 0, KEY.encode(), message(h["asked"]))])
+        before = json.dumps(part.table, sort_keys=True)
+        tampered = [dict(e) for e in h["ready"]]
+        tampered[2]["seq"] = 7
+        result = part.fold([Incoming(0, 1, KEY.encode(), message(tampered))])
+        assert len(result.dead_letters) == 1 and "seq" in result.dead_letters[0].reason
+        assert result.writes == {}
+        assert json.dumps(part.table, sort_keys=True) == before
+        assert result.progress.offset == 1  # the offset is passed, never re-read
+
+    async def test_offsets_the_log_lost_are_one_dead_letter_spanning_them(self) -> None:
+        part = Partition()
+        good = await messages()
+        result = part.fold([Incoming(0, 0, *good[0]), Missing(0, 1, 5), Incoming(0, 5, *good[1])])
+        assert [(d.offset, d.end_offset) for d in result.dead_letters] == [(1, 4)]
+        assert "no longer in the log" in result.dead_letters[0].reason
+        assert result.progress == Progress(offset=5, messages=2, applied=2, dead_letters=1, missing=4)
+
+    async def test_a_hole_is_the_callers_bug_and_raises(self) -> None:
+        part = Partition()
+        good = await messages()
+        with pytest.raises(ValueError, match="were not given"):
+            part.fold([Incoming(0, 0, *good[0]), Incoming(0, 2, *good[1])])
+        with pytest.raises(ValueError, match="partition"):
+            fold_partition(TOPIC, 1, [Incoming(0, 0, *good[0])], Progress(), part.table.get)
+
+    async def test_a_producer_retry_at_a_new_offset_is_a_duplicate(self) -> None:
+        part = Partition()
+        good = await messages()
+        result = part.fold([Incoming(0, 0, *good[0]), Incoming(0, 1, *good[0])])
+        assert result.progress == Progress(offset=1, messages=2, applied=1, duplicates=1)
+        assert part.table[state_key(KEY)]["counts"]["duplicates"] == 1
+
+    def test_progress_round_trips_and_tolerates_garbage(self) -> None:
+        progress = Progress(offset=9, messages=10, applied=7, duplicates=1, dead_letters=2, missing=0)
+        assert Progress.from_json(progress.to_json()) == progress
+        assert Progress.from_json(None) == Progress()
+        assert Progress.from_json("w:0") == Progress()
+
+    def test_a_dead_letter_with_an_undecodable_key_keeps_its_bytes(self) -> None:
+        letter = DeadLetter("why", TOPIC, 0, 3, b"\xff", b"\x00")
+        record = letter.record()
+        assert record["key"] is None and record["key_b64"] == "/w==" and record["value_b64"] == "AA=="
+
+
+class TestView:
+    def test_parse_query_bounds_and_refuses(self) -> None:
+        q = parse_query("k", {"min_offset": "4", "partition": "1", "wait": "99"}, partitions=2, max_wait_s=5.0)
+        assert q == BaselineQuery("k", 4, 1, 5.0)
+        assert parse_query("k", {}, partitions=2, max_wait_s=5.0) == BaselineQuery("k", None, None, 5.0)
+        for bad in ({"min_offset": "x"}, {"min_offset": "-1"}, {"partition": "2"}, {"wait": "soon"}):
+            with pytest.raises(QueryError):
+                parse_query("k", bad, partitions=2, max_wait_s=5.0)
+        with pytest.raises(QueryError):
+            parse_query("", {}, partitions=2, max_wait_s=5.0)
+
+    def test_key_partition_prefers_the_request_then_the_state_then_the_partitioner(self) -> None:
+        q = BaselineQuery("k", None, None, 1.0)
+        assert key_partition(BaselineQuery("k", None, 1, 1.0), {"partition": 0}, 2) == 1
+        assert key_partition(q, {"partition": 1}, 2) == 1
+        assert key_partition(q, None, 2) == default_partition("k", 2)
+
+    @pytest.mark.parametrize(
+        ("key", "partition"), [("", 681), ("a", 524), ("ab", 434), ("abc", 107), ("123456789", 566)]
+    )
+    def test_default_partition_matches_the_java_client(self, key: str, partition: int) -> None:
+        """Vectors from the Java client's default partitioner over 1,000 partitions."""
+        assert default_partition(key, 1000) == partition
+
+    async def test_baseline_body_from_a_folded_state(self) -> None:
+        part = Partition()
+        items: list[Incoming | Missing] = [Incoming(0, i, k, v) for i, (k, v) in enumerate(await messages())]
+        part.fold(items)
+        state: Mapping[str, Any] = part.table[state_key(KEY)]
+        body = baseline_body(KEY, state, 0, part.progress)
+        assert body["status"] == "ok"
+        assert body["offset"] == 2 and body["partition"] == 0  # where the executed tail was read
+        assert body["record"]["execution_decision"] == "executed"
+        assert body["folded"] == {"partition": 0, "offset": 3}
+        none = baseline_body("other", None, 0, part.progress)
+        assert none["status"] == "none" and none["record"] is None
+
+    async def test_totals_sum_every_state(self) -> None:
+        part = Partition()
+        items: list[Incoming | Missing] = [Incoming(0, i, k, v) for i, (k, v) in enumerate(await messages())]
+        part.fold(items)
+        summed = totals({k: v for k, v in part.table.items()})
+        assert summed["keys"] == 2 and summed["baselines"] == 1
+        assert summed["runs"] == 3 and summed["executed"] == 1 and summed["ask_user"] == 1 and summed["hold"] == 1
