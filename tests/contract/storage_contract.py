@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from preflight import ExecutionRecord, MemoryStorage, create_preflight
+from preflight import ExecutionRecord, MemoryStorage, Preflight, create_preflight
 from preflight.events import PreflightEvent, verify_run
 from preflight.ports import EventSink, Storage
 from tests.unit import scenario as sc
@@ -16,9 +16,8 @@ from tests.unit import scenario as sc
 ReadBack = Callable[[], Awaitable[Sequence[PreflightEvent]]]
 
 
-async def _records(storage: Storage) -> dict[str, ExecutionRecord]:
+async def _records(pf: Preflight) -> dict[str, ExecutionRecord]:
     """An ask, an execute that is executed, and a failed execution, all for one key, via the engine."""
-    pf = create_preflight(hooks=sc.hooks(), storage=storage)
     asked = await pf.run_and_record(sc.transfer())
     ready = await pf.run_and_record(sc.transfer(user_answers={"to_account": "2200119"}))
     executed = (await pf.execute_if_ready(ready, sc.BANK_TOOL, lambda n, a: "ok")).state
@@ -32,20 +31,27 @@ async def _records(storage: Storage) -> dict[str, ExecutionRecord]:
 
 
 class StorageContract:
-    """`persist` appends; `load` returns the latest executed record of a key, nothing else."""
+    """`persist` appends; `load` returns the latest executed record of a key, nothing else.
+
+    `engine` builds the engine the suite drives; an adapter whose records travel through a sink (the
+    worker's baseline view) overrides it to pass that sink too.
+    """
+
+    def engine(self, storage: Storage) -> Preflight:
+        return create_preflight(hooks=sc.hooks(), storage=storage)
 
     async def test_load_of_an_unknown_key_is_none(self, storage: Storage) -> None:
         assert await storage.load("nobody:nothing") is None
 
     async def test_load_returns_the_latest_executed_record_only(self, storage: Storage) -> None:
-        records = await _records(storage)
+        records = await _records(self.engine(storage))
         loaded = await storage.load("u_01:bank.transfer")
         assert loaded is not None
         assert loaded.execution_decision == "executed"
         assert loaded.model_dump(mode="json") == records["executed"].model_dump(mode="json")
 
     async def test_blocks_never_become_a_baseline(self, storage: Storage) -> None:
-        pf = create_preflight(hooks=sc.hooks(), storage=storage)
+        pf = self.engine(storage)
         await pf.run_and_record(sc.transfer(user_id="u_02"))
         await pf.run_and_record(sc.transfer(user_id="u_02", user_answers={"to_account": "1"}))
         assert await storage.load("u_02:bank.transfer") is None

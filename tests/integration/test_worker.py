@@ -27,7 +27,9 @@ from preflight.adapters.baseline import BaselineStorage, BaselineUnavailable
 from preflight.adapters.kafka import KafkaEventSink
 from preflight.events import PreflightEvent, decode_event, encode_message, seal
 from preflight.hooks import Hook
+from preflight.ports import Storage
 from streams.view import default_partition
+from tests.contract.storage_contract import StorageContract
 from tests.integration.worker_harness import Published, WorkerRig, decide_and_record, engine_runs
 from tests.unit import scenario as sc
 
@@ -363,3 +365,17 @@ def _assert_accounted(published: Published, totals: dict[str, Any], total: int) 
         assert states[decision] == count, decision
     for outcome in ("executed", "failed"):
         assert states[outcome] == published.outcomes.get(outcome, 0), outcome
+
+
+class TestBaselineStorageContract(StorageContract):
+    """The storage port's contract, on the real thing: the engine publishes to Kafka, the worker folds,
+    and `load` reads the worker's baseline view (read-your-writes through the sink's acknowledged offsets)."""
+
+    @pytest.fixture
+    async def storage(self, rig: WorkerRig) -> AsyncIterator[BaselineStorage]:
+        async with KafkaEventSink(rig.bootstrap, rig.settings.events_topic) as sink:
+            self._sink = sink
+            yield BaselineStorage(rig.base_url, sink)
+
+    def engine(self, storage: Storage) -> Any:
+        return create_preflight(hooks=sc.hooks(), storage=storage, sink=self._sink)
