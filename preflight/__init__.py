@@ -14,35 +14,49 @@ from preflight.errors import (
     EventDecodeError,
     PreflightError,
     RecordingError,
+    SigningKeyError,
 )
 from preflight.events import PreflightEvent, decode_event, encode_event, verify_run
 from preflight.hooks import LookupContext
 from preflight.inputs import PreflightInput, Segment, Tool
+from preflight.protect import FileKeyStore, ProtectionError, ValueErased, ValueProtector
 from preflight.records import UNKEYED_RECORD_KEY, ExecutionRecord, FieldRecord
-from preflight.testing import MemoryEventSink, MemoryStorage
+from preflight.reversibility import effect_class_of
+from preflight.signing import DecisionSigner, DecisionVerifier, SignedDecision
+from preflight.testing import MemoryEventSink, MemoryKeyStore, MemoryStorage
 
 __all__ = [
     "UNKEYED_RECORD_KEY",
     "AdmissionResult",
     "ChainError",
     "ConstructionError",
+    "DecisionSigner",
+    "DecisionVerifier",
     "EventDecodeError",
     "ExecutionOutcome",
     "ExecutionRecord",
     "FieldRecord",
+    "FileKeyStore",
     "LookupContext",
     "MemoryEventSink",
+    "MemoryKeyStore",
     "MemoryStorage",
     "Preflight",
     "PreflightError",
     "PreflightEvent",
     "PreflightInput",
+    "ProtectionError",
     "RecordingError",
     "Segment",
+    "SignedDecision",
+    "SigningKeyError",
     "Tool",
+    "ValueErased",
+    "ValueProtector",
     "assess_tool_invocation",
     "create_preflight",
     "decode_event",
+    "effect_class_of",
     "encode_event",
     "rebuild_record",
     "verify_run",

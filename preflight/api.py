@@ -4,6 +4,13 @@
 for bad input (a malformed input is a recorded `hold`); `record` makes the run durable (events first,
 then the record) and raises `RecordingError` if it cannot; `execute_if_ready` acts only on a state
 this instance recorded with decision `execute`, calls the tool once and records the outcome.
+
+Two options tighten the path (both off by default, so a run decides as the reference skeleton did):
+`require_approval=True` judges every run that would execute for admission (SPEC §4, see
+`preflight.reversibility`), and `signer=` signs every `execute` decision so that `execute_if_ready`
+acts only on a decision whose signature, expiry, tool, arguments and nonce verify (see
+`preflight.signing`); with `verifier=` it also acts on a decision another process signed with a
+trusted key.
 """
 
 from __future__ import annotations
@@ -17,14 +24,18 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from preflight.emit import outcome_event, run_events
+from preflight.admission import ContractInput
+from preflight.emit import Sign, outcome_event, rebuild_record, run_events
 from preflight.engine import Decided, backstop, decide, invalid_input, started_summary, validate_tool
-from preflight.errors import ConstructionError, RecordingError
-from preflight.events import PreflightEvent, digest
+from preflight.errors import ChainError, ConstructionError, RecordingError
+from preflight.events import Envelope, ExecutionApproved, PreflightEvent, digest, verify_run
 from preflight.hooks import ALL_HOOKS, DEFAULT_HOOKS, REQUIRED_HOOKS, UNSAFE_DEFAULT_HOOKS, Hook, call
 from preflight.inputs import PreflightInput
 from preflight.ports import EventSink, Storage
-from preflight.records import ExecutionRecord
+from preflight.protect import ProtectionError, RunSealer, ValueProtector, baseline_view
+from preflight.records import ExecutionRecord, RunRef
+from preflight.reversibility import AdmissionPolicy
+from preflight.signing import REPLAY_CACHE_LIMIT, DecisionSigner, DecisionVerifier, ReplayCache, SignedDecision
 from preflight.testing import MemoryEventSink
 
 CallTool = Callable[[str, dict[str, Any]], Any]
@@ -58,12 +69,24 @@ class Preflight:
         sink: EventSink,
         clock: Callable[[], str],
         unsafe_defaults: tuple[str, ...],
+        *,
+        admission: AdmissionPolicy | None = None,
+        signer: DecisionSigner | None = None,
+        verifier: DecisionVerifier | None = None,
+        replay_cache_size: int = REPLAY_CACHE_LIMIT,
+        protector: ValueProtector | None = None,
     ) -> None:
         self._hooks = dict(hooks)
         self.storage = storage
         self.sink = sink
         self._clock = clock
         self.unsafe_defaults = unsafe_defaults
+        self._admission = admission
+        self._signer = signer
+        self._verifier = verifier
+        self._protector = protector
+        # The nonces of signed decisions acted on (bounded; see `preflight.signing.ReplayCache`).
+        self._replay = ReplayCache(replay_cache_size)
         # Bounded memory: recent recorded runs (for idempotent re-recording) and the `execute`
         # decisions not yet acted on, each with the digest of the record as it was recorded.
         self._recorded: BoundedSet = BoundedSet(RECENT_RUNS)
@@ -72,13 +95,24 @@ class Preflight:
     # ---- deciding ----------------------------------------------------------------------------------
 
     async def run(self, input: Any) -> ExecutionRecord:
-        """Decide one run. Never raises for bad input or failing hooks: those are recorded holds."""
+        """Decide one run. Never raises for bad input or failing hooks: those are recorded holds.
+
+        A protected engine raises `preflight.protect.KeyStoreError` when the key store cannot give the
+        user's key: nothing is then recorded, as nothing could be sealed."""
         decided = await self._decide(input)
         run_id = str(uuid.uuid4())
         user_id, agent_id = _ids(input)
+        sealer = self._sealer(user_id, run_id)
         try:
             events, ref = run_events(
-                decided, run_id=run_id, user_id=user_id, agent_id=agent_id, clock=self._clock, new_id=_new_id
+                decided,
+                run_id=run_id,
+                user_id=user_id,
+                agent_id=agent_id,
+                clock=self._clock,
+                new_id=_new_id,
+                sign=self._signing(),
+                sealer=sealer,
             )
         except Exception as exc:  # an unrecordable decision is itself a backstop hold
             decided = backstop(exc, [], self._clock(), started_summary(None, None))
@@ -89,7 +123,10 @@ class Preflight:
                 agent_id=_encodable(agent_id),
                 clock=self._clock,
                 new_id=_new_id,
+                sealer=sealer,
             )
+        if sealer is not None:
+            sealer.close()
         return decided.record.with_run_ref(ref, tuple(events))
 
     async def _decide(self, raw: Any) -> Decided:
@@ -98,7 +135,7 @@ class Preflight:
         except ValidationError as exc:
             return invalid_input(raw, exc, self._clock())
         try:
-            return await decide(self._hooks, inp, self._clock, self._load_baseline)
+            return await decide(self._hooks, inp, self._clock, self._load_baseline, self._admission)
         except Exception as exc:
             checklist = inp.user_checklist if isinstance(inp.user_checklist, list) else []
             return backstop(exc, checklist, self._clock(), started_summary(None, inp))
@@ -108,7 +145,27 @@ class Preflight:
         if record is not None and record.execution_decision != "executed":
             # A storage that hands back anything but an executed record is not a baseline source.
             return None
-        return record
+        # Sealed values opened with this engine's keys; a value that cannot be opened (erased key, no
+        # protector) makes its field unknown: never inherited, never handed to a tool sealed.
+        return baseline_view(record, self._protector)
+
+    def _sealer(self, user_id: str | None, run_id: str) -> RunSealer | None:
+        """The run's sealer in a protected engine (None otherwise). Raises `KeyStoreError`."""
+        return self._protector.sealer(user_id, run_id) if self._protector is not None else None
+
+    def _durable(self, state: ExecutionRecord) -> ExecutionRecord:
+        """The record storage keeps: in a protected engine, the record as its events carry it (sealed)."""
+        if self._protector is None:
+            return state
+        return rebuild_record(state.run_events, verify=False)
+
+    def _arguments_digest(self, state: ExecutionRecord, reference: str) -> str | None:
+        """The arguments digest a decision over `state` carries: keyed, under the key `reference` names,
+        in a protected engine (None when that key is gone: the decision cannot be checked)."""
+        arguments = {f.name: f.value for f in state.fields or ()}
+        if self._protector is None:
+            return digest(arguments)
+        return self._protector.digest_like(reference, arguments)
 
     # ---- recording ---------------------------------------------------------------------------------
 
@@ -132,7 +189,7 @@ class Preflight:
         except Exception as exc:
             raise RecordingError(f"the run's events were not acknowledged by the event log: {exc}") from exc
         try:
-            await self.storage.persist(state.storage_key, state)
+            await self.storage.persist(state.storage_key, self._durable(state))
         except Exception as exc:
             raise RecordingError(f"the run's record could not be stored: {exc}") from exc
         self._recorded.add(ref.run_id)
@@ -156,13 +213,19 @@ class Preflight:
         """Call `tool` once for a recorded `execute` decision; record `executed` or `failed`.
 
         Never retries: a raised call may still have had its effect. Never mutates `state`.
+        With a signer or a verifier, a decision's signature, expiry, tool, arguments and nonce must
+        verify too, and a decision signed by a trusted key in another process is acted on as well.
         """
-        refusal = self._refusal(state, tool)
+        refusal, signed = self._refusal(state, tool)
+        if refusal is None and signed is not None:
+            refusal = self._replay.consume(signed)  # before the call: a second use is a replay
         if refusal is not None:
             return ExecutionOutcome(status="held", state=state, reason=refusal)
         ref = state.run_ref
         assert ref is not None and state.fields is not None and state.fixed is not None
-        del self._executable[ref.run_id]  # consumed before the call: a second call is a replay
+        # A protected engine takes the user's key before the call: a key store that fails calls nothing.
+        sealer = self._sealer(state.run_events[0].user_id, ref.run_id)
+        self._executable.pop(ref.run_id, None)  # consumed before the call: a second call is a replay
 
         arguments = {f.name: f.value for f in state.fields}
         result: Any = None
@@ -191,7 +254,10 @@ class Preflight:
             agent_id=agent_id,
             clock=self._clock,
             new_id=_new_id,
+            sealer=sealer,
         )
+        if sealer is not None:
+            sealer.close()
         final = final.with_run_ref(
             ref.model_copy(update={"last_hash": event.hash, "next_seq": ref.next_seq + 1}), (*events, event)
         )
@@ -204,7 +270,7 @@ class Preflight:
         )
         try:
             await self.sink.publish([event])
-            await self.storage.persist(final.storage_key, final)
+            await self.storage.persist(final.storage_key, self._durable(final))
         except Exception as exc:
             raise RecordingError(
                 f"the tool was called ({outcome.status}) but the outcome could not be recorded: {exc}",
@@ -212,31 +278,120 @@ class Preflight:
             ) from exc
         return outcome
 
-    def _refusal(self, state: Any, tool: Any) -> str | None:
+    def _signing(self) -> Sign | None:
+        """How this engine signs its `execute` decisions (None: it does not)."""
+        signer = self._signer
+        if signer is None:
+            return None
+
+        def sign(fields: Mapping[str, str | None]) -> Mapping[str, Any]:
+            def text(name: str) -> str:
+                value = fields[name]
+                if not isinstance(value, str):
+                    raise TypeError(f"a signed decision needs a {name}")
+                return value
+
+            return signer.sign(
+                decision_id=text("decision_id"),
+                run_id=text("run_id"),
+                action_key=fields["action_key"],
+                tool_name=text("tool_name"),
+                arguments_digest=text("arguments_digest"),
+            ).event_fields()
+
+        return sign
+
+    def _refusal(self, state: Any, tool: Any) -> tuple[str | None, SignedDecision | None]:
+        """Why `state` must not be executed with `tool` (None if it may), and its signed decision."""
         if not isinstance(state, ExecutionRecord):
-            return "not an execution record"
+            return "not an execution record", None
         if state.execution_decision != "execute":
-            return f"decision is {state.execution_decision}, not execute"
+            return f"decision is {state.execution_decision}, not execute", None
         ref = state.run_ref
-        if ref is None or ref.run_id not in self._recorded:
-            return "this state was not recorded by this preflight"
-        recorded_digest = self._executable.get(ref.run_id)
-        if recorded_digest is None:
-            return "this decision was already acted on (or is no longer pending)"
-        if _record_digest(state) != recorded_digest or not state.run_events:
-            return "this state differs from the decision that was recorded"
+        if ref is None or not state.run_events or state.fields is None or state.fixed is None:
+            return "this state was not recorded by this preflight", None
+        own = ref.run_id in self._recorded
+        if own:
+            recorded_digest = self._executable.get(ref.run_id)
+            if recorded_digest is None:
+                return "this decision was already acted on (or is no longer pending)", None
+            if _record_digest(state) != recorded_digest:
+                return "this state differs from the decision that was recorded", None
+        elif self._verifier is None:
+            return "this state was not recorded by this preflight", None
+        else:
+            problem = _foreign_state_problem(state, ref, self._protector)
+            if problem is not None:
+                return problem, None
         try:
             name = validate_tool(tool).name
         except (ValidationError, TypeError):
-            return "the tool given is not a valid tool definition"
-        judged = state.fixed.c3_provider_action_name if state.fixed else None
+            return "the tool given is not a valid tool definition", None
+        judged = state.fixed.c3_provider_action_name
         if name != judged:
-            return f"the tool given ({name}) is not the one judged ({judged})"
-        return None
+            return f"the tool given ({name}) is not the one judged ({judged})", None
+        if self._verifier is None:
+            return None, None
+        return self._signature_refusal(state, ref, unsigned_ok=own and self._signer is None)
+
+    def _signature_refusal(
+        self, state: ExecutionRecord, ref: RunRef, *, unsigned_ok: bool
+    ) -> tuple[str | None, SignedDecision | None]:
+        """The signed decision's checks: trusted key, untouched payload, not expired, matching this
+        state's run, key, tool and arguments, and a nonce never acted on."""
+        assert self._verifier is not None and state.fields is not None and state.fixed is not None
+        approved = [e for e in state.run_events if isinstance(e, ExecutionApproved)]
+        if len(approved) != 1:
+            return "the decision's events do not hold exactly one execution_approved event", None
+        if approved[0].signature is None and unsigned_ok:
+            return None, None  # this engine's own unsigned decision, checked by its record digest
+        signed = SignedDecision.from_approved(approved[0])
+        if signed is None:
+            return "the decision carries no signature: it cannot be verified", None
+        problem = self._verifier.check(signed)
+        if problem is not None:
+            return f"the signed decision is refused: {problem}", None
+        expected = {
+            "decision_id": ref.decision_id,
+            "run_id": ref.run_id,
+            "action_key": state.action_key,
+            "tool_name": state.fixed.c3_provider_action_name,
+            "arguments_digest": self._arguments_digest(state, signed.arguments_digest),
+        }
+        for name, value in expected.items():
+            if getattr(signed, name) != value:
+                return f"the signed decision is refused: its {name} is not this state's", None
+        replayed = self._replay.refusal(signed)
+        if replayed is not None:
+            return replayed, None
+        return None, signed
 
 
 def _record_digest(state: ExecutionRecord) -> str:
     return digest(state.model_dump(mode="json"))
+
+
+def _foreign_state_problem(state: ExecutionRecord, ref: RunRef, protector: ValueProtector | None = None) -> str | None:
+    """Why a state this engine did not record is not the decision its own events describe (or None).
+
+    Its events must form an intact, closed run without an outcome, and rebuild exactly to the state
+    and its run reference; the signature over the decision is checked after this."""
+    events = list(state.run_events)
+    if not all(isinstance(e, Envelope) for e in events):
+        return "this state does not carry its run's events"
+    try:
+        verify_run(events)
+    except ChainError as exc:
+        return f"the decision's events do not verify: {exc}"
+    if getattr(events[-1], "event_type", None) != "run_closed":
+        return "this decision was already acted on (its run has an outcome)"
+    try:
+        rebuilt = rebuild_record(events, verify=False, opener=protector)  # opened: the state is plaintext
+    except (ChainError, ProtectionError, ValueError, KeyError, IndexError, TypeError) as exc:
+        return f"the decision's events do not describe a record: {type(exc).__name__}"
+    if rebuilt.model_dump(mode="json") != state.model_dump(mode="json") or rebuilt.run_ref != ref:
+        return "this state differs from the decision its events record"
+    return None
 
 
 class BoundedSet:
@@ -286,6 +441,13 @@ def create_preflight(
     sink: EventSink | None = None,
     clock: Callable[[], str] | None = None,
     strict: bool = False,
+    *,
+    require_approval: bool = False,
+    contract: ContractInput | None = None,
+    signer: DecisionSigner | None = None,
+    verifier: DecisionVerifier | None = None,
+    replay_cache_size: int = REPLAY_CACHE_LIMIT,
+    protector: ValueProtector | None = None,
 ) -> Preflight:
     """Build a preflight engine, refusing wiring it cannot trust (raises `ConstructionError`).
 
@@ -293,6 +455,24 @@ def create_preflight(
     unknown names and non-callables are refused; with `strict=True`, so are the defaults of
     `apply_field_policy`, `validate_field_schema` and `verify_user_checklist_item`, which verify
     nothing. `sink` defaults to an in-memory sink (`preflight.sink.events`).
+
+    Reversibility (SPEC §3, §4; `preflight.reversibility`): with `require_approval=True` every run
+    that would execute is judged by `assess_tool_invocation`, against `contract` (the operator's tool
+    contract) if given, else against a contract derived from the tool; read-only tools may pass
+    without approval, any other tool needs the input's `approval`, active and of matching scope. The
+    default, `False`, judges no admission: a write executes on the value gate alone, as the reference
+    skeleton did. A `contract` is only judged with `require_approval=True`.
+
+    Signed decisions (SPEC §3; `preflight.signing`): with a `signer` every `execute` decision is
+    signed and `execute_if_ready` checks the signature; `verifier` (default: one trusting the
+    signer's key) also admits decisions signed by a trusted key in another process. Nonces acted on
+    are remembered up to `replay_cache_size`.
+
+    Protected values (SPEC §3; `preflight.protect`): with a `protector` every value a run writes into
+    its events is sealed for the run's user before the event is hashed, digests of values are keyed,
+    and storage is given the record as its events carry it (sealed); the record a caller gets keeps
+    plaintext, and tier 4 opens the baseline with the protector (a value whose key was erased is
+    unknown). Without one (the default) events carry plaintext values, as the reference skeleton did.
     """
     given = dict(hooks or {})
     unknown = sorted(n for n in given if n not in ALL_HOOKS)
@@ -318,7 +498,46 @@ def create_preflight(
     if strict and unsafe:
         raise ConstructionError(f"strict: unsafe default(s) not permitted: {', '.join(unsafe)}")
     merged: dict[str, Hook] = {**DEFAULT_HOOKS, **given}
-    return Preflight(merged, storage, sink or MemoryEventSink(), clock or utc_now, unsafe)
+    admission = _admission_policy(require_approval, contract)
+    if signer is not None and not isinstance(signer, DecisionSigner):
+        raise ConstructionError("signer must be a preflight.signing.DecisionSigner")
+    if verifier is not None and not isinstance(verifier, DecisionVerifier):
+        raise ConstructionError("verifier must be a preflight.signing.DecisionVerifier")
+    if signer is not None and verifier is None:
+        verifier = signer.verifier()
+    if signer is not None and verifier is not None and signer.key_id not in verifier.key_ids:
+        raise ConstructionError(
+            f"the verifier does not trust the signer's key ({signer.key_id}): no decision could execute"
+        )
+    if isinstance(replay_cache_size, bool) or not isinstance(replay_cache_size, int) or replay_cache_size < 1:
+        raise ConstructionError("replay_cache_size must be a positive int")
+    if protector is not None and not isinstance(protector, ValueProtector):
+        raise ConstructionError("protector must be a preflight.protect.ValueProtector")
+    return Preflight(
+        merged,
+        storage,
+        sink or MemoryEventSink(),
+        clock or utc_now,
+        unsafe,
+        admission=admission,
+        signer=signer,
+        verifier=verifier,
+        replay_cache_size=replay_cache_size,
+        protector=protector,
+    )
+
+
+def _admission_policy(require_approval: bool, contract: ContractInput | None) -> AdmissionPolicy | None:
+    if not isinstance(require_approval, bool):
+        raise ConstructionError("require_approval must be True or False")
+    if not require_approval:
+        if contract is not None:
+            raise ConstructionError("a tool contract is judged only with require_approval=True")
+        return None
+    try:
+        return AdmissionPolicy(contract)
+    except (ValueError, TypeError) as exc:
+        raise ConstructionError(f"the tool contract cannot be read: {exc}") from exc
 
 
 AsyncCallTool = Callable[[str, dict[str, Any]], Awaitable[Any]]

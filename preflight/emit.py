@@ -7,13 +7,14 @@ are written independently so that a test comparing them means something.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from preflight.engine import Decided
 from preflight.errors import ChainError
 from preflight.events import (
     GENESIS_HASH,
+    AdmissionAssessed,
     ChecklistItemVerified,
     Envelope,
     Executed,
@@ -30,7 +31,12 @@ from preflight.events import (
     seal,
     verify_run,
 )
+from preflight.protect import RunSealer, ValueProtector, open_record
 from preflight.records import ExecutionRecord, RunRef
+
+Sign = Callable[[Mapping[str, str | None]], Mapping[str, Any]]
+"""Signs an `execute` decision: given its decision_id, run_id, action_key, tool_name and
+arguments_digest, returns what `execution_approved` carries under `signature`."""
 
 _GATELESS_KIND = {
     "input": "invalid_input",
@@ -48,8 +54,11 @@ class _Chain:
         self.events: list[PreflightEvent] = []
         self.prev = GENESIS_HASH
         self.seq = 0
+        self.sealer: RunSealer | None = None
 
     def add(self, event_type: str, **payload: Any) -> PreflightEvent:
+        if self.sealer is not None:  # a protected run: values sealed before the event is hashed
+            payload = self.sealer.payload(event_type, payload)
         body = {
             "event_id": self.new_id(),
             "event_type": event_type,
@@ -75,10 +84,22 @@ def run_events(
     agent_id: str | None,
     clock: Callable[[], str],
     new_id: Callable[[], str],
+    sign: Sign | None = None,
+    sealer: RunSealer | None = None,
 ) -> tuple[list[PreflightEvent], RunRef]:
-    """The run's events in order, closed by `run_closed`, and the reference the record carries."""
+    """The run's events in order, closed by `run_closed`, and the reference the record carries.
+
+    With `sign`, an `execute` decision's `execution_approved` event carries the signature `sign`
+    returns for the decision's fields (`preflight.signing`); a signer that fails fails the run.
+
+    With `sealer` (a protected run, `preflight.protect`), every protected slot is sealed before its
+    event is hashed and digests of values are keyed; the record returned to the caller keeps plaintext.
+    """
     record, trace = decided.record, decided.trace
     chain = _Chain(run_id, {"action_key": record.action_key, "user_id": user_id, "agent_id": agent_id}, clock, new_id)
+    chain.sealer = sealer
+    if sealer is not None and record.fields is not None:
+        sealer.arguments_digest = sealer.digest({f.name: f.value for f in record.fields})
     from preflight.records import RECORD_SCHEMA_VERSION
 
     chain.add("run_started", record_schema_version=RECORD_SCHEMA_VERSION, **trace.started)
@@ -94,6 +115,8 @@ def run_events(
         )
     for index, item in trace.checklist:
         chain.add("checklist_item_verified", index=index, item=item)
+    if trace.admission is not None:
+        chain.add("admission_assessed", **trace.admission)
 
     gate_json = record.gate.model_dump(mode="json") if record.gate is not None else None
     decision_id: str | None = None
@@ -117,13 +140,25 @@ def run_events(
     elif decision == "execute":
         assert trace.arguments is not None and record.fixed is not None and gate_json is not None
         decision_id = new_id()
-        arguments_digest = digest(trace.arguments)
+        arguments_digest = digest(trace.arguments) if sealer is None else sealer.digest(trace.arguments)
+        tool_name = record.fixed.c3_provider_action_name
+        signed: dict[str, Any] = {}
+        if sign is not None:
+            fields = {
+                "decision_id": decision_id,
+                "run_id": run_id,
+                "action_key": record.action_key,
+                "tool_name": tool_name,
+                "arguments_digest": arguments_digest,
+            }
+            signed["signature"] = dict(sign(fields))
         chain.add(
             "execution_approved",
             decision_id=decision_id,
-            tool_name=record.fixed.c3_provider_action_name,
+            tool_name=tool_name,
             arguments_digest=arguments_digest,
             gate=gate_json,
+            **signed,
         )
     else:  # pragma: no cover - decide() never yields executed/failed
         raise ValueError(f"a run cannot decide {decision!r}")
@@ -164,8 +199,9 @@ def outcome_event(
     agent_id: str | None,
     clock: Callable[[], str],
     new_id: Callable[[], str],
+    sealer: RunSealer | None = None,
 ) -> PreflightEvent:
-    """The `executed` / `execution_failed` event that extends a closed run's chain."""
+    """The `executed` / `execution_failed` event that extends a closed run's chain (sealed by `sealer`)."""
     assert ref.decision_id is not None and ref.arguments_digest is not None and state.fixed is not None
     body: dict[str, Any] = {
         "event_id": new_id(),
@@ -183,23 +219,30 @@ def outcome_event(
         "timestamp": executed.timestamp,
     }
     if error is None:
-        body.update(event_type="executed", result_digest=_result_digest(result))
+        body.update(event_type="executed", result_digest=_result_digest(result, sealer))
     else:
         body.update(event_type="execution_failed", error_type=type(error).__name__, error=str(error))
+    if sealer is not None:
+        body = sealer.payload(body["event_type"], body)
     return seal(body)
 
 
-def _result_digest(result: Any) -> str:
+def _result_digest(result: Any, sealer: RunSealer | None = None) -> str:
+    keyed = digest if sealer is None else sealer.digest
     try:
-        return digest(result)
+        return keyed(result)
     except (TypeError, ValueError):
-        return digest(repr(result))
+        return keyed(repr(result))
 
 
-def rebuild_record(events: Sequence[Envelope], *, verify: bool = True) -> ExecutionRecord:
+def rebuild_record(
+    events: Sequence[Envelope], *, verify: bool = True, opener: ValueProtector | None = None
+) -> ExecutionRecord:
     """The record a run's events describe: the decision record, or the executed/failed one after it.
 
     With `verify` (the default) the chain is checked first and `ChainError` raised if it is broken.
+    A protected run rebuilds with its values sealed; with `opener` (holding the keys) they are opened,
+    and the slots whose key was erased stay sealed and are listed in `erased_values` (`open_record`).
     """
     ordered = sorted(events, key=lambda e: e.seq)
     if verify:
@@ -256,6 +299,17 @@ def rebuild_record(events: Sequence[Envelope], *, verify: bool = True) -> Execut
     }
     if deferred:
         data["deferred_input"] = deferred[0].deferred_input
+    assessed: list[AdmissionAssessed] = by_type.get("admission_assessed", [])
+    if assessed:
+        verdict = assessed[0]
+        data["admission"] = {
+            "effect_class": verdict.effect_class,
+            "status": verdict.status,
+            "code": verdict.code,
+            "correlation_id": verdict.correlation_id,
+            "missing_arguments": verdict.missing_arguments,
+            "effect_status": verdict.effect_status,
+        }
 
     approved: list[ExecutionApproved] = by_type.get("execution_approved", [])
     tails: list[Executed | ExecutionFailed] = by_type.get("executed", []) + by_type.get("execution_failed", [])
@@ -272,4 +326,5 @@ def rebuild_record(events: Sequence[Envelope], *, verify: bool = True) -> Execut
         data["execution_decision"] = "executed" if tail.event_type == "executed" else "failed"
         data["reason"] = tail.reason
         data["timestamp"] = tail.timestamp
-    return ExecutionRecord.model_validate(data).with_run_ref(ref, tuple(ordered))
+    record = ExecutionRecord.model_validate(data).with_run_ref(ref, tuple(ordered))
+    return record if opener is None else open_record(record, opener)

@@ -20,6 +20,7 @@ from preflight.inputs import PreflightInput, Tool, attempt_number
 from preflight.lookup import BaselineReader, Resolved, settle_field
 from preflight.records import (
     WHEN_CASES,
+    AdmissionVerdict,
     C3Match,
     DefinitionGate,
     ExecutionRecord,
@@ -31,6 +32,7 @@ from preflight.records import (
     UnverifiedItemEntry,
     ValueGate,
 )
+from preflight.reversibility import AdmissionPolicy, admission_gap_class
 
 INTENT_ATTEMPT_LIMIT = 2
 TOOL_ATTEMPT_LIMIT = 2
@@ -64,6 +66,7 @@ class Trace:
     gap_class: GapClass | None = None
     deferred_pending: list[str] = field(default_factory=list)
     arguments: dict[str, Any] | None = None
+    admission: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -72,8 +75,19 @@ class Decided:
     trace: Trace
 
 
-def gap_class_for(gate_name: GateName, fields: list[FieldRecord] | None = None) -> GapClass:
-    """The gap class analysts count, derived from which gate stopped the run (SPEC §5)."""
+def gap_class_for(
+    gate_name: GateName, fields: list[FieldRecord] | None = None, admission_code: str | None = None
+) -> GapClass:
+    """The gap class analysts count, derived from which gate stopped the run (SPEC §5).
+
+    The admission gate (SPEC §4) is an unmet condition: the instruction and the tool are complete,
+    what is missing is an approval, a ready environment or evidence of an earlier effect, none of
+    which a better instruction supplies. Two of its codes say the tool itself is wrong (not in the
+    contract, or another version): those are action-definition gaps; an admission context that could
+    not be read is a configuration defect.
+    """
+    if gate_name == "admission":
+        return admission_gap_class(admission_code)
     if gate_name in ("intent",):
         return "instruction_gap"
     if gate_name in ("tool", "tool_definition"):
@@ -303,9 +317,14 @@ async def decide(
     inp: PreflightInput,
     clock: Clock,
     load_baseline: Callable[[str], Any],
+    admission: AdmissionPolicy | None = None,
 ) -> Decided:
     """Steps 0–9 of the decision path. Hooks are guarded where the spec says a failure downgrades;
-    anything else that raises is caught by the caller's backstop."""
+    anything else that raises is caught by the caller's backstop.
+
+    With an `admission` policy (an engine built with `require_approval=True`), a run the tally would
+    execute is first judged for admission (step 9b, SPEC §4) and executes only if it is `allowed`.
+    """
     started = started_summary(None, inp)
     checklist_raw = inp.user_checklist
 
@@ -555,6 +574,37 @@ async def decide(
     )
     final: Literal["execute", "ask_user"] = "execute" if not unknown and not unverified else "ask_user"
     gate_json = value_gate.model_dump(mode="json")
+
+    # Step 9b: admission (SPEC §4), only for a run that would execute. It judges an invocation: the
+    # arguments exist only once every field is known, and the approval and the environment are read at
+    # trigger time, when the call would be made. A run still asking for values or confirmations is not
+    # an invocation yet, and those questions are the user's to answer before any approval is sought.
+    admitted: AdmissionVerdict | None = None
+    if final == "execute" and admission is not None:
+        assert action_key is not None
+        assessment = admission.assess(inp, action_key, {f.name: f.value for f in fields})
+        trace.admission = assessment.event
+        admitted = assessment.verdict
+        if not assessment.allowed:
+            refused, admission_gate, gap, why = assessment.gate()
+            record = ExecutionRecord(
+                action_key=action_key,
+                phase=phase,
+                fixed=fixed,
+                fields=fields,
+                advisory_notes=advisory,
+                user_checklist=verified_json,
+                unknown_count=0,
+                unverified_checklist_count=0,
+                gate=admission_gate,
+                execution_decision=refused,
+                reason=why,
+                timestamp=clock(),
+                admission=admitted,
+            )
+            trace.gate_name, trace.gap_class = "admission", gap
+            return Decided(record, trace)
+
     record = ExecutionRecord(
         action_key=action_key,
         phase=phase,
@@ -568,6 +618,7 @@ async def decide(
         execution_decision=final,
         reason=await _reason(hooks, final, gate_json),
         timestamp=clock(),
+        admission=admitted,
     )
     if final == "execute":
         trace.arguments = {f.name: f.value for f in fields}

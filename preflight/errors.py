@@ -43,3 +43,12 @@ class EventDecodeError(PreflightError, ValueError):
 
 class ChainError(PreflightError):
     """A run's events do not form an intact hash chain (missing, altered or reordered event)."""
+
+
+class SigningKeyError(PreflightError, ValueError):
+    """A decision-signing or verification key could not be loaded or used.
+
+    Supply an Ed25519 key: a PKCS#8 PEM private key for the signer, SubjectPublicKeyInfo PEM public keys
+    for verifiers (with the right password if the private key is encrypted), and install the
+    `cryptography` package (the `crypto` extra).
+    """

@@ -31,7 +31,7 @@ GapClass = Literal[
     "unmet_condition",
     "internal_error",
 ]
-GateName = Literal["input", "checklist_ids", "intent", "tool", "tool_definition", "value", "backstop"]
+GateName = Literal["input", "checklist_ids", "intent", "tool", "tool_definition", "value", "admission", "backstop"]
 
 _EVENT_CONFIG = ConfigDict(frozen=True, extra="forbid")
 
@@ -127,14 +127,61 @@ class RunDeferred(Envelope):
     deferred_input: dict[str, Any]
 
 
+class AdmissionAssessed(Envelope):
+    """The run's invocation was judged for admission (SPEC §4): the terms judged, the context, the result.
+
+    `status`, `code`, `correlation_id`, `missing_arguments` and `effect_status` are the result of
+    `assess_tool_invocation`; `effect_basis` says where the tool's own effect class was read
+    (explicit, MCP annotations, or MCP's default), `effect_source` whether the class judged is the
+    tool's, the contract's, or the contract's tightened by the tool.
+    """
+
+    event_type: Literal["admission_assessed"] = "admission_assessed"
+    tool_name: str
+    tool_version: str
+    effect_class: str
+    effect_basis: Literal["explicit", "annotations", "mcp_default"]
+    effect_source: Literal["tool", "contract", "contract_tightened_by_tool"]
+    contract_version: str | None
+    approval_scope: str | None
+    approval: dict[str, Any] | None
+    environment: dict[str, Any] | None
+    invocation_record: dict[str, Any] | None
+    arguments_digest: str
+    status: str
+    code: str
+    correlation_id: str | None
+    missing_arguments: list[str] | None
+    effect_status: str | None
+
+
+class DecisionSignature(BaseModel):
+    """The signature of an `execute` decision (`preflight.signing`): with the event's `decision_id`,
+    `run_id`, `action_key`, `tool_name` and `arguments_digest` these are the signed payload."""
+
+    model_config = _EVENT_CONFIG
+
+    algorithm: str
+    key_id: str
+    issued_at: str
+    expires_at: str
+    nonce: str
+    value: str
+
+
 class ExecutionApproved(Envelope):
-    """Every gate passed: the decision that `execute_if_ready` may act on, once."""
+    """Every gate passed: the decision that `execute_if_ready` may act on, once.
+
+    `signature` is present only when the engine signs its decisions; an unsigned event is written
+    without the key, exactly as before signing existed, so its hash is unchanged.
+    """
 
     event_type: Literal["execution_approved"] = "execution_approved"
     decision_id: str
     tool_name: str
     arguments_digest: str
     gate: dict[str, Any]
+    signature: DecisionSignature | None = Field(default=None, exclude_if=lambda value: value is None)
 
 
 class RunClosed(Envelope):
@@ -180,6 +227,7 @@ PreflightEvent = Annotated[
     | ChecklistItemVerified
     | GateBlocked
     | RunDeferred
+    | AdmissionAssessed
     | ExecutionApproved
     | RunClosed
     | Executed
@@ -197,6 +245,7 @@ EVENT_TYPES: frozenset[str] = frozenset(
         ChecklistItemVerified,
         GateBlocked,
         RunDeferred,
+        AdmissionAssessed,
         ExecutionApproved,
         RunClosed,
         Executed,

@@ -6,6 +6,11 @@ Only an `executed` tail for a run whose closed decision was `execute`, with an i
 the baseline. Everything else that is wrong is an anomaly: the state does not change and the caller
 routes the message to the dead-letter topic with the reason.
 
+An outcome must also match the run's approved decision: the same `decision_id`, tool and arguments
+digest. A fold given a `DecisionVerifier` (the trusted public keys of the engines that sign decisions)
+further requires the approved decision's signature to verify and the outcome to have happened before
+the decision expired; an outcome without a valid signed decision is an anomaly and never a baseline.
+
 Idempotence does not depend on the consumer's offset commits: a message at or below the key's
 applied offset is a redelivery, and a run seen before with the same hashes (a producer retry at a
 new offset) is a duplicate. Either changes nothing.
@@ -30,6 +35,7 @@ from preflight.events import (
     hash_matches,
 )
 from preflight.records import UNKEYED_RECORD_KEY, ExecutionRecord, RunRef
+from preflight.signing import DecisionVerifier, SignedDecision, parse_time
 
 RECENT_RUNS_PER_KEY = 64
 AWAITING_RUNS_PER_KEY = 32
@@ -118,8 +124,17 @@ def _remember(bucket: dict[str, Any], run_id: str, entry: dict[str, Any], limit:
         del bucket[next(iter(bucket))]
 
 
-def evolve(state: Mapping[str, Any] | None, message: Sequence[Any], position: Position, key: str) -> Folded:
-    """Apply one transport message for `key` read at `position`. Pure: `state` is never mutated."""
+def evolve(
+    state: Mapping[str, Any] | None,
+    message: Sequence[Any],
+    position: Position,
+    key: str,
+    *,
+    verifier: DecisionVerifier | None = None,
+) -> Folded:
+    """Apply one transport message for `key` read at `position`. Pure: `state` is never mutated.
+
+    With `verifier`, an outcome counts only for a decision signed by one of its trusted keys."""
     if (
         state is not None
         and state.get("partition") == position.partition
@@ -147,7 +162,7 @@ def evolve(state: Mapping[str, Any] | None, message: Sequence[Any], position: Po
             return _anomaly(base, f"broken hash chain: seq {event['seq']} hash does not match its content")
 
     if message[0]["event_type"] in TAIL_EVENT_TYPES:
-        folded = _apply_tail(base, run_id, message)
+        folded = _apply_tail(base, run_id, message, verifier)
     else:
         folded = _apply_run(base, run_id, message)
     if folded.outcome != "anomaly":
@@ -196,7 +211,42 @@ def _apply_run(state: dict[str, Any], run_id: str, events: Sequence[Mapping[str,
     return Folded(state, "applied")
 
 
-def _apply_tail(state: dict[str, Any], run_id: str, events: Sequence[Mapping[str, Any]]) -> Folded:
+def _decision_problem(
+    run_events: Sequence[Mapping[str, Any]], tail: Mapping[str, Any], verifier: DecisionVerifier | None
+) -> str | None:
+    """Why `tail` is not an outcome of its run's approved decision (None if it is)."""
+    outcome = tail["event_type"]
+    approved = [e for e in run_events if e.get("event_type") == "execution_approved"]
+    if len(approved) != 1:
+        return f"{outcome} for a run with {len(approved)} execution_approved events"
+    decision = approved[0]
+    for name in ("decision_id", "tool_name", "arguments_digest"):
+        if tail.get(name) != decision.get(name):
+            return (
+                f"{outcome} {name} {tail.get(name)!r:.80} does not match the approved decision's "
+                f"{decision.get(name)!r:.80}"
+            )
+    if verifier is None:
+        return None
+    signed = SignedDecision.from_approved(decision)
+    if signed is None:
+        what = "no signature" if decision.get("signature") is None else "an unreadable signature"
+        return f"{outcome} for decision {decision.get('decision_id')!r:.80}, which carries {what}"
+    problem = verifier.check_signature(signed)
+    if problem is not None:
+        return f"{outcome} for decision {signed.decision_id!r:.80} with an invalid signature: {problem}"
+    happened = parse_time(tail["occurred_at"])
+    if happened is None:
+        return f"{outcome} has no readable occurred_at to compare with the decision's expiry"
+    problem = verifier.check_times(signed, happened)
+    if problem is not None:
+        return f"{outcome} at {tail['occurred_at']:.40} for decision {signed.decision_id!r:.80}: {problem}"
+    return None
+
+
+def _apply_tail(
+    state: dict[str, Any], run_id: str, events: Sequence[Mapping[str, Any]], verifier: DecisionVerifier | None = None
+) -> Folded:
     if len(events) != 1:
         return _anomaly(state, "a tail message carries exactly one executed/execution_failed event")
     tail = events[0]
@@ -213,6 +263,9 @@ def _apply_tail(state: dict[str, Any], run_id: str, events: Sequence[Mapping[str
         return _anomaly(state, f"{tail['event_type']} for a run without a recorded execute decision")
     if tail["seq"] != waiting["last_seq"] + 1 or tail["prev_hash"] != waiting["last_hash"]:
         return _anomaly(state, "broken hash chain: the outcome does not link to its run's close")
+    problem = _decision_problem(waiting["events"], tail, verifier)
+    if problem is not None:
+        return _anomaly(state, problem)
 
     executed = tail["event_type"] == "executed"
     baseline_changed = False

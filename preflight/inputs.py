@@ -14,9 +14,11 @@ from typing import Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, JsonValue, model_validator
 
+from preflight.admission import Approval, EnvironmentState, InvocationRecord
 from preflight.records import ExecutionRecord
 
 Trust = Literal["user", "untrusted"]
+EffectClass = Literal["read_only", "write", "destructive"]
 
 
 class Segment(BaseModel):
@@ -44,7 +46,13 @@ class InputSchema(BaseModel):
 
 
 class Tool(BaseModel):
-    """The already-selected MCP tool, as `tools/list` describes it."""
+    """The already-selected MCP tool, as `tools/list` describes it.
+
+    `effect_class` (also `effectClass`) states what calling the tool does: `read_only`, `write` or
+    `destructive`. When it is absent the class is read from the MCP `annotations` (see
+    `preflight.reversibility.effect_class_of`); it is written back only when it was given, so a tool
+    that does not state one records exactly as MCP described it.
+    """
 
     model_config = ConfigDict(frozen=True, extra="allow", populate_by_name=True)
 
@@ -52,6 +60,11 @@ class Tool(BaseModel):
     description: str | None = None
     input_schema: InputSchema | None = Field(default=None, validation_alias=AliasChoices("input_schema", "inputSchema"))
     annotations: dict[str, JsonValue] | None = None
+    effect_class: EffectClass | None = Field(
+        default=None,
+        validation_alias=AliasChoices("effect_class", "effectClass"),
+        exclude_if=lambda value: value is None,
+    )
 
     @model_validator(mode="after")
     def _recordable(self) -> Tool:
@@ -82,6 +95,14 @@ class PreflightInput(BaseModel):
     checklist_answers: dict[str, Any] = Field(default_factory=dict)
     intent_attempt: Any = 0
     tool_attempt: Any = 0
+    # Admission context (SPEC §4), read only by an engine built with `require_approval=True`: the
+    # approval covering this call, the environment's state (not reported: taken as ready), what is
+    # known of an earlier attempt of the same invocation, and the invocation's correlation id (the
+    # action key when none is given).
+    approval: Approval | None = None
+    environment: EnvironmentState | None = None
+    invocation_record: InvocationRecord | None = None
+    correlation_id: str | None = Field(default=None, min_length=1)
     # Reserved by the design so adopters implement it alike; deliberately never read, because a flag
     # that says "the user re-selected" would be a bypass switch.
     tool_reselected_by_user: Any = None

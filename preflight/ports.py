@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from preflight.events import PreflightEvent
 from preflight.records import ExecutionRecord
+
+if TYPE_CHECKING:
+    from preflight.protect import SubjectKey
 
 
 @runtime_checkable
@@ -28,3 +31,24 @@ class EventSink(Protocol):
     if it cannot guarantee that it must raise, and the caller treats the run as not recorded."""
 
     async def publish(self, events: Sequence[PreflightEvent]) -> None: ...
+
+
+@runtime_checkable
+class KeyStore(Protocol):
+    """Per-subject keys for protected values (`preflight.protect`). Synchronous: calls are short.
+
+    A key id is ``<subject handle>.<generation>`` (`preflight.protect.subject_handle`). Every call
+    hands out a fresh `SubjectKey` copy, which the caller wipes.
+
+    `key_for` returns the subject's current key, creating generation 1 on first use, or the next
+    generation after an erase. `key_by_id` returns the key of that id, or raises `ValueErased` if it
+    was erased and `UnknownKey` if this store never issued it. `erase` destroys every key the subject
+    has, records that they were erased (no key material), and returns their ids; it is idempotent.
+    Failures to read or write the store raise `KeyStoreError`.
+    """
+
+    def key_for(self, subject: str | None) -> SubjectKey: ...
+
+    def key_by_id(self, kid: str) -> SubjectKey: ...
+
+    def erase(self, subject: str | None) -> list[str]: ...

@@ -7,7 +7,7 @@ null carries meaning (`fields: null` is "not computed", never `[]`) are always p
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
     BaseModel,
@@ -21,10 +21,11 @@ from pydantic import (
     model_serializer,
 )
 
-RECORD_SCHEMA_VERSION = "1.9"
+RECORD_SCHEMA_VERSION = "1.10"
 """Record shape version. 1.8 is the reference skeleton's last shape (c2_source, c3_match,
 lookup_failed); 1.9 adds the `tool_definition_incomplete` gate kind for a tool whose input schema
-never arrived."""
+never arrived; 1.10 adds the admission gate and the optional `admission` verdict (SPEC §4), present
+only on runs an engine built with `require_approval=True` assessed."""
 
 UNKEYED_RECORD_KEY = "__preflight_unkeyed__"
 
@@ -166,8 +167,53 @@ class DefinitionGate(BaseModel):
     diag: dict[str, JsonValue] = Field(alias="_diag")
 
 
+AdmissionGateKind = Literal[
+    "approval_required",
+    "approval_unavailable",
+    "admission_rejected",
+    "admission_blocked",
+    "admission_effect_unknown",
+    "admission_needs_evidence",
+]
+ADMISSION_GATE_KINDS: frozenset[str] = frozenset(get_args(AdmissionGateKind))
+
+
+class AdmissionGate(BaseModel):
+    """The invocation was not admitted (SPEC §4): the admission result's status and code, and why.
+
+    `approval_required` asks (an approval the user can still give); every other kind holds.
+    """
+
+    model_config = _MODEL_CONFIG
+
+    kind: AdmissionGateKind
+    user_message: str
+    status: str
+    code: str
+    diag: dict[str, JsonValue] = Field(alias="_diag")
+
+
+class AdmissionVerdict(BaseModel):
+    """The admission judgement a run recorded: the effect class judged and the §4 result."""
+
+    model_config = _MODEL_CONFIG
+
+    effect_class: str
+    status: str
+    code: str
+    correlation_id: str | None
+    missing_arguments: list[str] | None = None
+    effect_status: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _serialize(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return _drop_none(handler(self), ("missing_arguments", "effect_status"))
+
+
 def _gate_tag(value: Any) -> str:
     kind = value.get("kind") if isinstance(value, dict) else getattr(value, "kind", None)
+    if kind in ADMISSION_GATE_KINDS:
+        return "admission"
     if kind in ("intent_undetermined", "intent_undetermined_exhausted"):
         return "intent"
     if kind in ("tool_undetermined", "tool_undetermined_exhausted"):
@@ -181,7 +227,8 @@ Gate = Annotated[
     Annotated[ValueGate, Tag("value")]
     | Annotated[IntentGate, Tag("intent")]
     | Annotated[ToolGate, Tag("tool")]
-    | Annotated[DefinitionGate, Tag("definition")],
+    | Annotated[DefinitionGate, Tag("definition")]
+    | Annotated[AdmissionGate, Tag("admission")],
     Discriminator(_gate_tag),
 ]
 
@@ -217,13 +264,15 @@ class ExecutionRecord(BaseModel):
     reason: str
     timestamp: str
     deferred_input: dict[str, JsonValue] | None = None
+    admission: AdmissionVerdict | None = None
 
     _run: RunRef | None = PrivateAttr(default=None)
     _events: tuple[Any, ...] = PrivateAttr(default=())
+    _erased: tuple[str, ...] = PrivateAttr(default=())
 
     @model_serializer(mode="wrap")
     def _serialize(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        return _drop_none(handler(self), ("deferred_input",))
+        return _drop_none(handler(self), ("deferred_input", "admission"))
 
     @property
     def run_ref(self) -> RunRef | None:
@@ -242,6 +291,18 @@ class ExecutionRecord(BaseModel):
     def run_events(self) -> tuple[Any, ...]:
         """The events of this record's run, as the engine that decided it built them (else empty)."""
         return self._events
+
+    @property
+    def erased_values(self) -> tuple[str, ...]:
+        """The slots (e.g. ``fields/to_account/value``) still sealed because their subject's key was erased,
+        in a record opened with keys (`preflight.protect.open_record`); empty otherwise."""
+        return self._erased
+
+    def with_erased(self, slots: tuple[str, ...]) -> ExecutionRecord:
+        """A copy of this record that reports `slots` as erased (see `erased_values`)."""
+        copy = self.model_copy()
+        copy._erased = slots
+        return copy
 
     @property
     def storage_key(self) -> str:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
 from preflight.events import PreflightEvent, encode_event
+from preflight.protect import SubjectKey, UnknownKey, ValueErased, make_kid, parse_kid, subject_handle
 from preflight.records import ExecutionRecord
 
 
@@ -59,3 +61,43 @@ class FailingEventSink:
     async def publish(self, events: Sequence[PreflightEvent]) -> None:
         self.attempts += 1
         raise ConnectionError(self.message)
+
+
+class MemoryKeyStore:
+    """Subject keys in memory, for tests and demos: the `KeyStore` port without files.
+
+    Behaves as `preflight.protect.FileKeyStore` does: an erased key is zeroed and forgotten, its id
+    remembered as erased, and the subject's next key is the next generation.
+    """
+
+    def __init__(self) -> None:
+        self._current: dict[str, tuple[int, bytearray]] = {}
+        self._erased: set[str] = set()
+
+    def key_for(self, subject: str | None) -> SubjectKey:
+        handle = subject_handle(subject)
+        if handle not in self._current:
+            generation = 1 + max((parse_kid(k)[1] for k in self._erased if k.startswith(handle + ".")), default=0)
+            self._current[handle] = (generation, bytearray(os.urandom(32)))
+        generation, secret = self._current[handle]
+        return SubjectKey(make_kid(handle, generation), secret)
+
+    def key_by_id(self, kid: str) -> SubjectKey:
+        handle, generation = parse_kid(kid)
+        if kid in self._erased:
+            raise ValueErased(f"key {kid} was erased")
+        current = self._current.get(handle)
+        if current is None or current[0] != generation:
+            raise UnknownKey(f"key {kid} was never issued by this MemoryKeyStore")
+        return SubjectKey(kid, current[1])
+
+    def erase(self, subject: str | None) -> list[str]:
+        handle = subject_handle(subject)
+        current = self._current.pop(handle, None)
+        if current is None:
+            return []
+        generation, secret = current
+        secret[:] = bytes(len(secret))
+        kid = make_kid(handle, generation)
+        self._erased.add(kid)
+        return [kid]

@@ -30,6 +30,7 @@ import time
 import weakref
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from datetime import timedelta
 from typing import Any, cast
 
 import faust
@@ -41,6 +42,7 @@ import faust
 from faust.streams import _current_event
 from faust.web import Request, Response, View
 
+from preflight.signing import DecisionVerifier
 from streams.backfill import Backfill
 from streams.batch import (
     PROGRESS_PREFIX,
@@ -90,6 +92,19 @@ class _WritingFor:
         _current_event.reset(self._token)
 
 
+def decision_verifier(settings: WorkerSettings) -> DecisionVerifier | None:
+    """The verifier of signed decisions the settings name, or None (outcomes then go unsigned-checked).
+
+    :raises SigningKeyError: a key file is unreadable or not an Ed25519 public key -- the worker does
+        not start rather than fold without the check it was configured to make.
+    """
+    if not settings.decision_public_keys:
+        return None
+    return DecisionVerifier.from_pem_files(
+        *settings.decision_public_keys, leeway=timedelta(seconds=settings.decision_leeway_s)
+    )
+
+
 class Folder:
     """The glue between Faust and the pure fold, for one worker: batches in, table and dead letters out."""
 
@@ -99,6 +114,7 @@ class Folder:
         self.table = table
         self.dlq = dlq
         self.backfill = backfill
+        self.verifier = decision_verifier(settings)
         self.topology_checked = asyncio.Event()
         self.caught_up = asyncio.Event()
         self._progressed = asyncio.Event()
@@ -248,7 +264,9 @@ class Folder:
         if self.first_fold_at is None:
             self.first_fold_at = time.time()
         before = self.progress(partition)
-        result = fold_partition(self.settings.events_topic, partition, items, before, self.state)
+        result = fold_partition(
+            self.settings.events_topic, partition, items, before, self.state, verifier=self.verifier
+        )
         self.redelivered[partition] += result.redelivered
         if result.progress == before:
             return

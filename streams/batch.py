@@ -26,6 +26,7 @@ from typing import Any
 from preflight.errors import EventDecodeError
 from preflight.events import decode_message
 from preflight.fold import Position, evolve
+from preflight.signing import DecisionVerifier
 
 #: Table keys: a key's state lives under STATE_PREFIX + action_key, a partition's progress under
 #: PROGRESS_PREFIX + partition number, so the two can never collide whatever an action_key is.
@@ -154,9 +155,12 @@ def fold_partition(
     progress: Progress,
     load: StateLoader,
     decode: Callable[[bytes | None], list[Any]] = decode_message,
+    *,
+    verifier: DecisionVerifier | None = None,
 ) -> PartitionFold:
     """Fold `items` (one partition, offset order) on top of `progress`; never raises for bad input.
 
+    With `verifier`, an `executed`/`execution_failed` counts only for a decision signed by a trusted key.
     Items at or below `progress.offset` are redeliveries and are skipped. Every other item must start
     exactly at the next offset: a hole is the caller's bug (it must read skipped offsets back first),
     so it raises `ValueError` rather than fold past it.
@@ -215,7 +219,7 @@ def fold_partition(
         if state is None:
             state = load(state_key(action_key))
         try:
-            folded = evolve(state, events, Position(topic, partition, item.offset), action_key)
+            folded = evolve(state, events, Position(topic, partition, item.offset), action_key, verifier=verifier)
         except Exception as exc:  # the fold is pure and total; should it ever raise, the message is dead-lettered
             reject(f"internal error while folding: {type(exc).__name__}: {exc}")
             dead += 1

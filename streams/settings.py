@@ -28,10 +28,12 @@ ENV_VARS: dict[str, str] = {
     "PREFLIGHT_BATCH_WITHIN_S": "batch_within_s",
     "PREFLIGHT_PROFILE": "profile_path",
     "PREFLIGHT_CATCH_UP": "catch_up",
+    "PREFLIGHT_DECISION_PUBLIC_KEYS": "decision_public_keys",
+    "PREFLIGHT_DECISION_LEEWAY_S": "decision_leeway_s",
 }
 
 _INT_FIELDS = ("partitions", "web_port", "batch_size")
-_FLOAT_FIELDS = ("batch_within_s",)
+_FLOAT_FIELDS = ("batch_within_s", "decision_leeway_s")
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,10 @@ class WorkerSettings:
     worker profile its event loop and write the profile there on ``GET /fold/profile`` (for
     `bench/fold.py`). `catch_up=False` skips folding the log's backlog from the log itself at start-up
     (see `streams.app.Folder.catch_up`): only for measuring the Faust consumer path in isolation.
+    `decision_public_keys` (PEM files; ``PREFLIGHT_DECISION_PUBLIC_KEYS`` separates them with the
+    platform's path separator) makes the fold count an outcome only for a decision signed by one of
+    them, with `decision_leeway_s` of clock skew; without keys, outcomes are checked against the
+    approved decision's id, tool and arguments digest, not its signature.
     """
 
     broker_url: str = "127.0.0.1:9092"
@@ -61,6 +67,8 @@ class WorkerSettings:
     session_timeout_s: float = 10.0
     profile_path: Path | None = None
     catch_up: bool = True
+    decision_public_keys: tuple[Path, ...] = ()
+    decision_leeway_s: float = 0.0
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -77,6 +85,8 @@ class WorkerSettings:
             problems.append(f"batch_size must be >= 1, got {self.batch_size}")
         if not self.batch_within_s > 0:
             problems.append(f"batch_within_s must be positive, got {self.batch_within_s}")
+        if self.decision_leeway_s < 0:
+            problems.append(f"decision_leeway_s must not be negative, got {self.decision_leeway_s}")
         if not 0 < self.baseline_wait_s <= 30:
             problems.append(f"baseline_wait_s must be in (0, 30], got {self.baseline_wait_s}")
         if problems:
@@ -113,6 +123,8 @@ class WorkerSettings:
                     values[name] = Path(raw)
                 elif name == "catch_up":
                     values[name] = _flag(var, raw)
+                elif name == "decision_public_keys":
+                    values[name] = tuple(Path(part) for part in raw.split(os.pathsep) if part.strip())
                 else:
                     values[name] = raw
             except ValueError as exc:
@@ -127,6 +139,9 @@ class WorkerSettings:
             value = getattr(self, name)
             if isinstance(value, bool):
                 env[var] = "1" if value else "0"
+            elif isinstance(value, tuple):
+                if value:
+                    env[var] = os.pathsep.join(str(part) for part in value)
             elif value is not None:
                 env[var] = str(value)
         return env

@@ -14,6 +14,12 @@ Fail closed, never stale: "unavailable" (503), a timeout, a refused connection, 
 answer that is not a well-formed baseline raise a `BaselineError`; the engine turns a failing load into
 an empty tier 4 and records ``baseline: unavailable`` in the field's evidence.
 
+Protected values: the worker folds sealed events and serves the baseline sealed. Given a `protector`,
+`load` opens it (`preflight.protect.baseline_view`): a field whose value cannot be opened (its subject's
+key erased, a key this store never issued, an altered value) comes back `unknown`, so tier 4 fails
+closed and never inherits a sealed value. An engine built with the protector opens whatever its storage
+returns in the same way, so the protector is needed here only by readers outside an engine.
+
 Standard library only (``urllib`` in a worker thread): no HTTP client is added to an agent's process.
 """
 
@@ -30,6 +36,7 @@ from typing import Any, Protocol
 from pydantic import ValidationError
 
 from preflight.errors import PreflightError
+from preflight.protect import ValueProtector, baseline_view
 from preflight.records import ExecutionRecord, RunRef
 
 __all__ = [
@@ -69,6 +76,8 @@ class BaselineStorage:
     :param wait_s: how long the worker may wait to fold up to the agent's own last write (it caps this
         itself, at 5 s by default).
     :param timeout_s: bound on the whole HTTP exchange; must exceed `wait_s`.
+    :param protector: opens a sealed baseline (see the module doc); without it, a sealed baseline is
+        returned sealed, for an engine with the protector to open.
     """
 
     def __init__(
@@ -78,6 +87,7 @@ class BaselineStorage:
         *,
         wait_s: float = 5.0,
         timeout_s: float = 10.0,
+        protector: ValueProtector | None = None,
     ) -> None:
         if not base_url.startswith(("http://", "https://")):
             raise ValueError(f"base_url must be an http(s) URL, got {base_url!r}")
@@ -87,6 +97,7 @@ class BaselineStorage:
         self.sink = sink
         self.wait_s = wait_s
         self.timeout_s = timeout_s
+        self.protector = protector
 
     async def persist(self, key: str, record: ExecutionRecord) -> None:
         """Accept the record and keep nothing: its events, already published by the sink, are the record.
@@ -113,7 +124,10 @@ class BaselineStorage:
             status, body = await asyncio.wait_for(asyncio.to_thread(self._get, url), self.timeout_s + 1.0)
         except TimeoutError as exc:
             raise BaselineUnavailable(f"the fold worker did not answer within {self.timeout_s:g} s ({url})") from exc
-        return _parse(key, status, body, position)
+        record = _parse(key, status, body, position)
+        if self.protector is None:
+            return record
+        return baseline_view(record, self.protector)
 
     def _get(self, url: str) -> tuple[int, bytes]:
         request = urllib.request.Request(url, headers={"Accept": "application/json"})

@@ -379,3 +379,47 @@ class TestBaselineStorageContract(StorageContract):
 
     def engine(self, storage: Storage) -> Any:
         return create_preflight(hooks=sc.hooks(), storage=storage, sink=self._sink)
+
+
+class TestSignedDecisions:
+    """A worker configured with trusted public keys counts an outcome only for a decision signed by one
+    of them: a signed run becomes the baseline; an unsigned one, or one signed by an unknown key, is a
+    dead letter that changes nothing."""
+
+    async def test_only_trusted_signed_decisions_move_the_baseline(
+        self, broker: Broker, topic_name: str, tmp_path: Path
+    ) -> None:
+        from preflight.signing import DecisionSigner
+
+        trusted, stranger = DecisionSigner.generate(), DecisionSigner.generate()
+        public = tmp_path / "decisions.pub.pem"
+        public.write_bytes(trusted.public_pem())
+        rig = WorkerRig.fresh(broker.bootstrap_servers, topic_name, tmp_path, decision_public_keys=(public,))
+        await rig.create_topics()
+        try:
+            await rig.start()
+            async with KafkaEventSink(rig.bootstrap, rig.settings.events_topic) as sink:
+                storage = BaselineStorage(rig.base_url, sink)
+
+                def engine(signer: DecisionSigner | None) -> Callable[[dict[str, Hook]], Any]:
+                    def make(hooks: dict[str, Hook]) -> Any:
+                        return create_preflight(hooks=hooks, storage=storage, sink=sink, signer=signer)
+
+                    return make
+
+                _, signed = await decide_and_record(engine(trusted), "executed", user_answers={"to_account": "S-1"})
+                await decide_and_record(engine(None), "executed", user_answers={"to_account": "U-2"})
+                await decide_and_record(engine(stranger), "executed", user_answers={"to_account": "X-3"})
+
+            letters = await rig.dead_letters(lambda records: len(records) >= 2)
+            reasons = sorted(letter["reason"] for letter in letters)
+            print("dead-letter reasons:", reasons)
+            assert len(reasons) == 2, reasons
+            assert sum("carries no signature" in r for r in reasons) == 1, reasons
+            assert sum("untrusted key" in r for r in reasons) == 1, reasons
+            body = await rig.baseline(KEY)
+            assert body["run_id"] == _run_id(signed.state)
+            assert {f["name"]: f["value"] for f in body["record"]["fields"]}["to_account"] == "S-1"
+        finally:
+            rig.process.stop(timeout_s=10.0)
+            print(f"----- worker log -----\n{rig.process.log_tail(120)}")

@@ -25,7 +25,15 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from hypothesis.strategies import DrawFn, composite
 
-from preflight import MemoryEventSink, MemoryStorage, PreflightEvent, create_preflight, decode_event, encode_event
+from preflight import (
+    DecisionSigner,
+    MemoryEventSink,
+    MemoryStorage,
+    PreflightEvent,
+    create_preflight,
+    decode_event,
+    encode_event,
+)
 from preflight.errors import EventDecodeError
 from preflight.events import EVENT_TYPES, canonical_json
 
@@ -88,14 +96,21 @@ RUN_INPUT: dict[str, Any] = {
 
 @cache
 def corpus() -> tuple[PreflightEvent, ...]:
-    """Events of real runs: executed, failed, deferred, refused tool, undetermined intent."""
+    """Events of real runs: executed, failed, deferred, refused tool, undetermined intent, and with
+    approvals required: a signed executed decision and one stopped at admission."""
 
     async def build() -> list[PreflightEvent]:
         sink = MemoryEventSink()
 
-        async def run(when: str, approve: bool, call: Callable[[str, dict[str, Any]], Any] | None = None) -> None:
-            pf = create_preflight(_hooks(when, approve), MemoryStorage(), sink=sink)
-            state = await pf.run_and_record(RUN_INPUT)
+        async def run(
+            when: str,
+            approve: bool,
+            call: Callable[[str, dict[str, Any]], Any] | None = None,
+            extra: Mapping[str, Any] | None = None,
+            **options: Any,
+        ) -> None:
+            pf = create_preflight(_hooks(when, approve), MemoryStorage(), sink=sink, **options)
+            state = await pf.run_and_record({**RUN_INPUT, **(extra or {})})
             if call is not None:
                 assert state.execution_decision == "execute", state.reason
                 await pf.execute_if_ready(state, RUN_INPUT["tool"], call)
@@ -111,6 +126,9 @@ def corpus() -> tuple[PreflightEvent, ...]:
         await run("scheduled", True)
         await run("immediate", False)
         await run("soon", True)
+        approval = {"approval": {"status": "active", "scope": "transfer_funds"}}
+        await run("immediate", True, ok, approval, require_approval=True, signer=DecisionSigner.generate())
+        await run("immediate", True, require_approval=True)
         return sink.events
 
     return tuple(asyncio.run(build()))

@@ -1,10 +1,11 @@
 """The two records printed in the seed's README, reproduced whole (timestamps aside).
 
-The seed shows record shape 1.4. This engine writes shape 1.9, which adds, by name: `fixed.c2_source`
+The seed shows record shape 1.4. This engine writes shape 1.10, which adds, by name: `fixed.c2_source`
 and `fixed.c3_match` (1.6/1.8), `user_checklist` and `unverified_checklist_count` on every record,
 the attempt counters of the tool gate (`next_tool_attempt`, `_diag.attempt`, `_diag.limit`) and the
-value gate's `_diag`. The expected records below are the seed's, verbatim, plus exactly those keys;
-nothing of the seed's is dropped or changed.
+value gate's `_diag` (1.10's admission verdict appears only when approvals are required, so not
+here). The expected records below are the seed's, verbatim, plus exactly those keys; nothing of the
+seed's is dropped or changed.
 """
 
 from __future__ import annotations
@@ -98,8 +99,8 @@ def without_timestamps(record: dict[str, Any]) -> dict[str, Any]:
 
 
 def extended(seed: dict[str, Any], **additions: Any) -> dict[str, Any]:
-    """The seed record with the 1.9 additions merged in (dicts one level deep)."""
-    out = {**seed, "schema_version": "1.9"}
+    """The seed record with the 1.10 additions merged in (dicts one level deep)."""
+    out = {**seed, "schema_version": "1.10"}
     for key, value in additions.items():
         if isinstance(value, dict) and isinstance(out.get(key), dict):
             merged = {**out[key]}

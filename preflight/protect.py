@@ -1,0 +1,964 @@
+"""Protected values (SPEC §3): field values sealed per subject before they leave the agent.
+
+Every value a protected run writes into its events is *sealed* for its subject (the run's user) with
+AES-256-GCM under a key of that subject's alone, taken from a `KeyStore`. A sealed value carries a
+keyed *token* (an HMAC under a key derived from the same subject key) so that analysts can still say
+"the same recipient as last time" without ever seeing the recipient; compliance, holding the key store,
+opens it. `erase(keystore, subject)` destroys the subject's key (crypto-shredding): the immutable log
+is never rewritten, yet nothing in it can be opened any more, while its chain still verifies (the
+hashes cover the ciphertext) and its tokens still compare.
+
+What a protected run seals (`protect_payload`; clear text is kept for names, ids, enums, counts,
+timestamps, sources and origins, which analysts count):
+
+* every field value (`field_resolved.field.value`, a known null included) and a deferred run's whole
+  `deferred_input` (it holds the instruction, the answers and the pre-set values);
+* every member of a user-checklist item but its `id`, `status`, `source` and `verified_at`;
+* every piece of prose a value-seeing hook or an exception may have written: field notes and
+  diagnostic notes, the gate's notes, checklist descriptions and diagnostic details, the fixed
+  checklist's issue details, every record `reason`, and an execution's error text;
+* the intent fingerprint: an unkeyed digest of the instruction could be brute-forced back to a
+  low-entropy utterance ("pay 500 to 1234"); sealed, its token still tells a repeated utterance.
+
+Digests that cover values are *keyed* in a protected run (``hmac-sha256:<kid>:<hex>``: the arguments
+digest of an approved decision and of an admission assessment, and an execution's result digest): an
+unkeyed SHA-256 of an amount is reversed by trying every amount. The key id in the digest lets a holder
+of the key store recompute it (`ValueProtector.digest_like`), e.g. to check a signed decision.
+
+Two sealed forms, one construction: a JSON value becomes the object
+``{"sealed": "aes-256-gcm/v1", "kid", "nonce", "ciphertext", "token"}``; a slot that must stay a string
+(a note, a reason) holds ``sealed:aes-256-gcm/v1:<kid>:<nonce>:<ciphertext>:<token>``. The plaintext
+is the canonical JSON of the value. The additional authenticated data binds the algorithm, the key id
+(which names the subject and the key generation), the run, the slot (e.g. ``fields/to_account/value``)
+and the token, so a sealed value moved to another slot, run or subject, or given another token, does
+not open.
+
+Python cannot promise that a secret leaves memory: keys are held in `bytearray`s that are zeroed when a
+run's sealer or an opening is done, never logged, never put in an exception message; the copies the
+cipher library makes are out of reach. This module imports `cryptography` only when a
+`ValueProtector` is built, so the engine stays importable without the ``crypto`` extra.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import contextlib
+import hashlib
+import hmac
+import json
+import os
+import re
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from preflight.errors import PreflightError
+from preflight.events import canonical_json
+from preflight.ports import KeyStore
+from preflight.records import ExecutionRecord
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+__all__ = [
+    "ALGORITHM",
+    "TEXT_PREFIX",
+    "Erasure",
+    "FileKeyStore",
+    "KeyStoreError",
+    "OpenedBody",
+    "ProtectionError",
+    "RunSealer",
+    "SubjectKey",
+    "TamperedValue",
+    "UnknownKey",
+    "ValueErased",
+    "ValueProtector",
+    "baseline_view",
+    "erase",
+    "is_sealed",
+    "make_kid",
+    "open_event_body",
+    "open_record",
+    "parse_kid",
+    "protect_payload",
+    "subject_handle",
+    "token_of",
+]
+
+ALGORITHM = "aes-256-gcm/v1"
+TEXT_PREFIX = f"sealed:{ALGORITHM}:"
+_SEALED_KEYS = frozenset({"sealed", "kid", "nonce", "ciphertext", "token"})
+_KID = re.compile(r"([0-9a-f]{32})\.([1-9][0-9]{0,9})")
+_TOKEN = re.compile(r"tk1\.[0-9a-f]{32}")
+_NONCE_BYTES = 12
+_KEY_BYTES = 32
+
+# ---- errors -----------------------------------------------------------------------------------------
+
+
+class ProtectionError(PreflightError):
+    """A protected value could not be sealed or opened."""
+
+
+class KeyStoreError(ProtectionError):
+    """The key store cannot be read or written, so no value of this subject can be sealed or opened.
+
+    Nothing was decided or recorded. Check that the key directory exists, belongs to this process's
+    user, is mode 0700 and its key files 0600, and that the disk is writable; then run again.
+    """
+
+
+class ValueErased(ProtectionError):
+    """The subject's key was erased (crypto-shredding): this value can never be opened again.
+
+    Expected after ``preflight-audit erase``, not an integrity fault. Its token still compares with other
+    tokens sealed under the same key.
+    """
+
+
+class UnknownKey(ProtectionError):
+    """No key of this id was ever issued by this key store.
+
+    Terminal until fixed: the value was sealed with another key store (check the key directory the
+    process is configured with) or the store's files were lost or restored from an older copy.
+    """
+
+
+class TamperedValue(ProtectionError):
+    """A sealed value does not open under its key, run and slot: it was altered, moved to another slot
+    or run, or is not a sealed value at all. An integrity fault: keep the event and investigate."""
+
+
+# ---- keys -------------------------------------------------------------------------------------------
+
+
+class SubjectKey:
+    """One generation of one subject's key: its id and 32 secret bytes. `wipe()` zeroes the secret.
+
+    Key stores hand out copies: a caller wipes its copy when done without touching the store's.
+    """
+
+    __slots__ = ("_secret", "kid")
+
+    def __init__(self, kid: str, secret: bytes | bytearray | memoryview) -> None:
+        if _KID.fullmatch(kid) is None:
+            raise ValueError("a key id is '<32 hex digits>.<generation>'")
+        if len(secret) != _KEY_BYTES:
+            raise ValueError(f"a subject key is {_KEY_BYTES} bytes")
+        self.kid = kid
+        self._secret = bytearray(secret)
+
+    @property
+    def secret(self) -> bytearray:
+        if not any(self._secret):
+            raise ProtectionError(f"key {self.kid} was wiped")
+        return self._secret
+
+    def wipe(self) -> None:
+        for i in range(len(self._secret)):
+            self._secret[i] = 0
+
+    def __repr__(self) -> str:
+        return f"SubjectKey({self.kid!r}, secret=<{_KEY_BYTES} bytes>)"
+
+
+def subject_handle(subject: str | None) -> str:
+    """The name a key store gives a subject: 32 hex digits of a SHA-256 of its user id (None: runs
+    without a user id share the subject "anonymous"). It keeps raw user ids (often e-mail addresses)
+    out of file names and key ids; it is not a secret, as every event carries its user id in clear."""
+    raw = b"anonymous" if subject is None else b"user\x00" + subject.encode("utf-8", "surrogatepass")
+    return hashlib.sha256(b"preflight-audit/subject/v1\x00" + raw).hexdigest()[:32]
+
+
+def make_kid(handle: str, generation: int) -> str:
+    return f"{handle}.{generation}"
+
+
+def parse_kid(kid: str) -> tuple[str, int]:
+    """(subject handle, generation) of a key id; `UnknownKey` for anything that is not one."""
+    match = _KID.fullmatch(kid) if isinstance(kid, str) else None
+    if match is None:
+        raise UnknownKey(f"not a key id: {kid!r:.80}")
+    return match.group(1), int(match.group(2))
+
+
+@dataclass(frozen=True)
+class Erasure:
+    """What `erase` destroyed: the subject's handle, the key ids (generations) erased, and when."""
+
+    subject_handle: str
+    erased_kids: tuple[str, ...]
+    erased_at: str
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def erase(keystore: KeyStore, subject: str | None) -> Erasure:
+    """Destroy every key of `subject` (crypto-shredding). Idempotent.
+
+    Afterwards no value sealed for the subject opens (`ValueErased`), in any copy of the log, the fold's
+    changelog, the projection or an export, and the log still verifies. A later run of the subject
+    gets a new key generation: its new values are protected (and erasable) in turn, and its new tokens
+    do not match the erased ones, so nothing links new values to erased ones.
+    """
+    kids = keystore.erase(subject)
+    return Erasure(subject_handle(subject), tuple(kids), _now())
+
+
+class FileKeyStore:
+    """Keys in a directory: one key file per subject, named by `subject_handle`, mode 0600.
+
+    Layout (the directory is created mode 0700)::
+
+        <handle>.key     b"PFK1" + generation (4 bytes, big endian) + 32 secret bytes
+        <handle>.erased  JSON {"erased": [{"kid": "<handle>.<g>", "erased_at": ...}, ...]}: no key material
+
+    A key file is created atomically (written to a private temporary file, then hard-linked into place,
+    which fails if another process got there first: both then use the same key). `erase` first writes
+    the erased marker, then overwrites the key file in place with random bytes, syncs it and deletes it;
+    an erase interrupted half-way is finished by the next call that meets the key. After an erase the
+    subject's next run creates generation g+1: the subject can keep using the agent, and the marker
+    lets an opener tell "erased" (`ValueErased`, expected) from "never issued" (`UnknownKey`, a fault).
+
+    Overwriting cannot reach copies the file system or the disk keep elsewhere (journals, copy-on-write
+    snapshots, SSD remapping) nor backups: keep the key directory out of backups, or on storage whose
+    copies are erased with it. Files readable by group or others are refused.
+    """
+
+    _MAGIC = b"PFK1"
+    _FILE_BYTES = 4 + 4 + _KEY_BYTES
+
+    def __init__(self, directory: str | os.PathLike[str]) -> None:
+        self.directory = Path(directory)
+        try:
+            self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as exc:
+            raise KeyStoreError(f"cannot create the key directory {self.directory}: {exc.strerror}") from exc
+        if not self.directory.is_dir():
+            raise KeyStoreError(f"the key directory {self.directory} is not a directory")
+
+    def __repr__(self) -> str:
+        return f"FileKeyStore({str(self.directory)!r})"
+
+    # -- the port ----------------------------------------------------------------------------------------
+
+    def key_for(self, subject: str | None) -> SubjectKey:
+        handle = subject_handle(subject)
+        erased = self._erased(handle)
+        current = self._read(handle)
+        if current is not None and current.kid in erased:
+            current.wipe()
+            self._shred(handle)  # an erase that was interrupted before the key file was gone
+            current = None
+        if current is not None:
+            return current
+        generation = max((parse_kid(kid)[1] for kid in erased), default=0) + 1
+        return self._create(handle, generation)
+
+    def key_by_id(self, kid: str) -> SubjectKey:
+        handle, _ = parse_kid(kid)
+        if kid in self._erased(handle):
+            raise ValueErased(f"key {kid} was erased")
+        current = self._read(handle)
+        if current is None or current.kid != kid:
+            if current is not None:
+                current.wipe()
+            raise UnknownKey(f"key {kid} was never issued by {self!r}")
+        return current
+
+    def erase(self, subject: str | None) -> list[str]:
+        handle = subject_handle(subject)
+        erased = self._erased(handle)
+        current = self._read(handle)
+        kids: list[str] = []
+        if current is not None:
+            kids.append(current.kid)
+            current.wipe()
+        entries = [{"kid": kid, "erased_at": at} for kid, at in erased.items()]
+        entries += [{"kid": kid, "erased_at": _now()} for kid in kids if kid not in erased]
+        self._write_marker(handle, entries)
+        self._shred(handle)
+        return kids
+
+    # -- files -------------------------------------------------------------------------------------------
+
+    def _path(self, handle: str, suffix: str) -> Path:
+        return self.directory / f"{handle}{suffix}"
+
+    def _read(self, handle: str) -> SubjectKey | None:
+        path = self._path(handle, ".key")
+        try:
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise KeyStoreError(f"cannot read key file {path.name}: {exc.strerror}") from exc
+        buffer = bytearray(self._FILE_BYTES)
+        try:
+            info = os.fstat(fd)
+            if info.st_mode & 0o077:
+                raise KeyStoreError(f"key file {path.name} is readable by others: chmod 600 it (and 700 its dir)")
+            with os.fdopen(fd, "rb", buffering=0, closefd=True) as handle_file:
+                fd = -1
+                read = handle_file.readinto(buffer)
+            if read != self._FILE_BYTES or buffer[:4] != self._MAGIC:
+                raise KeyStoreError(f"key file {path.name} is not a preflight key file")
+            generation = int.from_bytes(buffer[4:8], "big")
+            if generation < 1:
+                raise KeyStoreError(f"key file {path.name} has no valid generation")
+            return SubjectKey(make_kid(handle, generation), memoryview(buffer)[8:])
+        finally:
+            if fd >= 0:
+                os.close(fd)
+            buffer[:] = bytes(len(buffer))
+
+    def _create(self, handle: str, generation: int) -> SubjectKey:
+        final = self._path(handle, ".key")
+        temporary = self._path(handle, f".{os.urandom(8).hex()}.tmp")
+        content = bytearray(self._MAGIC + generation.to_bytes(4, "big") + os.urandom(_KEY_BYTES))
+        linked = False
+        try:
+            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
+                os.write(fd, content)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            try:
+                os.link(temporary, final)  # fails if another process created the key first: use that one
+                linked = True
+            except FileExistsError:
+                pass
+            self._sync_directory()
+        except OSError as exc:
+            raise KeyStoreError(f"cannot create a key file in {self.directory}: {exc.strerror}") from exc
+        finally:
+            content[:] = bytes(len(content))
+            with contextlib.suppress(OSError):
+                if not linked:  # an unused secret of our own: destroy it (a linked one *is* the key file)
+                    self._overwrite(temporary)
+                temporary.unlink()
+        created = self._read(handle)
+        if created is None:
+            raise KeyStoreError(f"the key file {final.name} vanished right after it was created")
+        return created
+
+    def _erased(self, handle: str) -> dict[str, str]:
+        path = self._path(handle, ".erased")
+        try:
+            data = json.loads(path.read_bytes())
+            return {str(e["kid"]): str(e["erased_at"]) for e in data["erased"]}
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise KeyStoreError(f"erased marker {path.name} is unreadable: {type(exc).__name__}") from exc
+
+    def _write_marker(self, handle: str, entries: list[dict[str, str]]) -> None:
+        path = self._path(handle, ".erased")
+        temporary = self._path(handle, f".{os.urandom(8).hex()}.tmp")
+        try:
+            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
+                os.write(fd, canonical_json({"erased": entries}))
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(temporary, path)
+            self._sync_directory()
+        except OSError as exc:
+            raise KeyStoreError(f"cannot write the erased marker {path.name}: {exc.strerror}") from exc
+
+    def _shred(self, handle: str) -> None:
+        path = self._path(handle, ".key")
+        try:
+            self._overwrite(path)
+            path.unlink()
+            self._sync_directory()
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise KeyStoreError(f"cannot destroy key file {path.name}: {exc.strerror}") from exc
+
+    @staticmethod
+    def _overwrite(path: Path) -> None:
+        fd = os.open(path, os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0))
+        try:
+            size = os.fstat(fd).st_size
+            os.write(fd, os.urandom(size))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def _sync_directory(self) -> None:
+        try:
+            fd = os.open(self.directory, os.O_RDONLY)
+        except OSError:
+            return
+        try:
+            os.fsync(fd)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+    def files(self) -> list[str]:
+        """The names in the key directory (for checks: no user id appears in them)."""
+        return sorted(p.name for p in self.directory.iterdir())
+
+
+# ---- the cipher -------------------------------------------------------------------------------------
+
+
+def _hkdf(secret: bytearray, purpose: bytes) -> bytearray:
+    """HKDF-SHA256 (RFC 5869) with a zero salt, one output block: a 32-byte key for `purpose`."""
+    prk = hmac.new(b"\x00" * 32, secret, hashlib.sha256).digest()
+    return bytearray(hmac.new(prk, b"preflight-audit/v1/" + purpose + b"\x01", hashlib.sha256).digest())
+
+
+def _aesgcm_class() -> type[AESGCM]:
+    try:
+        from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+    except ImportError as exc:  # pragma: no cover - the crypto extra is installed in development
+        raise ProtectionError(
+            "protected values need the `cryptography` package: install preflight-audit[crypto]"
+        ) from exc
+    return AESGCM
+
+
+def _wipe(*buffers: bytearray) -> None:
+    for buffer in buffers:
+        buffer[:] = bytes(len(buffer))
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def _unb64(text: str, what: str) -> bytes:
+    try:
+        return base64.b64decode(text.encode("ascii"), validate=True)
+    except (binascii.Error, ValueError, UnicodeEncodeError) as exc:
+        raise TamperedValue(f"sealed value has a malformed {what}") from exc
+
+
+class _Keys:
+    """The keys derived from one subject key: encryption, token and digest. `wipe()` zeroes them."""
+
+    def __init__(self, key: SubjectKey, aesgcm: type[AESGCM]) -> None:
+        self.kid = key.kid
+        secret = key.secret
+        self._enc = _hkdf(secret, b"aes-256-gcm")
+        self._token = _hkdf(secret, b"token")
+        self._digest = _hkdf(secret, b"digest")
+        self.cipher = aesgcm(bytes(self._enc))
+
+    def token(self, plaintext: bytes) -> str:
+        return "tk1." + hmac.new(self._token, plaintext, hashlib.sha256).hexdigest()[:32]
+
+    def digest(self, data: Any) -> str:
+        return f"hmac-sha256:{self.kid}:" + hmac.new(self._digest, canonical_json(data), hashlib.sha256).hexdigest()
+
+    def wipe(self) -> None:
+        _wipe(self._enc, self._token, self._digest)
+
+
+def _aad(kid: str, run_id: str, slot: str, token: str) -> bytes:
+    return canonical_json({"alg": ALGORITHM, "kid": kid, "run": run_id, "slot": slot, "token": token})
+
+
+def is_sealed(value: Any) -> bool:
+    """True for a sealed value in either form (the object, or a ``sealed:...`` string)."""
+    if isinstance(value, str):
+        return value.startswith(TEXT_PREFIX)
+    return (
+        isinstance(value, Mapping)
+        and value.keys() == _SEALED_KEYS
+        and value.get("sealed") == ALGORITHM
+        and all(isinstance(v, str) for v in value.values())
+    )
+
+
+def token_of(value: Any) -> str | None:
+    """The keyed token of a sealed value (either form), or None if `value` is not sealed.
+
+    Equal tokens mean equal values of the same subject under the same key generation: what an analyst
+    may compare ("same recipient as last time") without seeing the value."""
+    if not is_sealed(value):
+        return None
+    if isinstance(value, str):
+        parts = value.split(":")
+        return parts[5] if len(parts) == 6 else None
+    token: str = value["token"]
+    return token
+
+
+def _parts(sealed: Any) -> tuple[str, bytes, bytes, str, bool]:
+    """(kid, nonce, ciphertext, token, is_text) of a sealed value; `TamperedValue` for a malformed one."""
+    if isinstance(sealed, str):
+        parts = sealed.split(":")
+        if len(parts) != 6 or f"{parts[0]}:{parts[1]}:" != TEXT_PREFIX:
+            raise TamperedValue("malformed sealed text")
+        _, _, kid, nonce, ciphertext, token = parts
+        is_text = True
+    elif is_sealed(sealed):
+        kid, nonce, ciphertext, token = (sealed[k] for k in ("kid", "nonce", "ciphertext", "token"))
+        is_text = False
+    else:
+        raise TamperedValue("not a sealed value")
+    if _TOKEN.fullmatch(token) is None:
+        raise TamperedValue("sealed value has a malformed token")
+    raw_nonce = _unb64(nonce, "nonce")
+    if len(raw_nonce) != _NONCE_BYTES:
+        raise TamperedValue("sealed value has a nonce of the wrong length")
+    parse_kid(kid)
+    return kid, raw_nonce, _unb64(ciphertext, "ciphertext"), token, is_text
+
+
+class RunSealer:
+    """Seals one run's values for one subject: built by `ValueProtector.sealer`, closed after the run."""
+
+    def __init__(self, key: SubjectKey, run_id: str, aesgcm: type[AESGCM]) -> None:
+        self.run_id = run_id
+        self.kid = key.kid
+        self._keys = _Keys(key, aesgcm)
+        #: The keyed digest of the run's arguments, which `admission_assessed` carries in place of the
+        #: unkeyed one the admission policy computed (set by `preflight.emit.run_events`).
+        self.arguments_digest: str | None = None
+
+    def _seal(self, value: Any, slot: str) -> tuple[str, str, str]:
+        plaintext = canonical_json(value)  # ValueError / TypeError for what is not JSON
+        token = self._keys.token(plaintext)
+        nonce = os.urandom(_NONCE_BYTES)
+        ciphertext = self._keys.cipher.encrypt(nonce, plaintext, _aad(self.kid, self.run_id, slot, token))
+        return _b64(nonce), _b64(ciphertext), token
+
+    def value(self, value: Any, slot: str) -> dict[str, str]:
+        """`value` (any JSON value) sealed for `slot` of this run, as the sealed object."""
+        nonce, ciphertext, token = self._seal(value, slot)
+        return {"sealed": ALGORITHM, "kid": self.kid, "nonce": nonce, "ciphertext": ciphertext, "token": token}
+
+    def text(self, text: str, slot: str) -> str:
+        """`text` sealed for `slot` of this run, as a ``sealed:...`` string (for slots typed as text)."""
+        nonce, ciphertext, token = self._seal(text, slot)
+        return f"{TEXT_PREFIX}{self.kid}:{nonce}:{ciphertext}:{token}"
+
+    def digest(self, data: Any) -> str:
+        """A keyed digest of `data` (``hmac-sha256:<kid>:<hex>``): equal for equal data of this subject,
+        and not computable, hence not reversible by trying values, without the subject's key."""
+        return self._keys.digest(data)
+
+    def payload(self, event_type: str, payload: Mapping[str, Any]) -> dict[str, Any]:
+        """`payload` of an event of `event_type` with every protected slot sealed (see the module doc)."""
+        out = protect_payload(event_type, payload, self.value, self.text)
+        if event_type == "admission_assessed" and isinstance(out.get("arguments_digest"), str):
+            # An unkeyed digest of the arguments is reversible by trying values: never let one out.
+            out["arguments_digest"] = self.arguments_digest or self.text(
+                out["arguments_digest"], "admission/arguments_digest"
+            )
+        return out
+
+    def close(self) -> None:
+        self._keys.wipe()
+
+
+class _Opening:
+    """One opening session: derived keys cached per key id, wiped when the session ends."""
+
+    def __init__(self, keystore: KeyStore, aesgcm: type[AESGCM]) -> None:
+        self._store = keystore
+        self._aesgcm = aesgcm
+        self._keys: dict[str, _Keys | ProtectionError] = {}
+
+    def keys_for(self, kid: str) -> _Keys:
+        cached = self._keys.get(kid)
+        if cached is None:
+            try:
+                key = self._store.key_by_id(kid)
+            except ProtectionError as exc:
+                cached = exc
+            else:
+                try:
+                    cached = _Keys(key, self._aesgcm)
+                finally:
+                    key.wipe()
+            self._keys[kid] = cached
+        if isinstance(cached, ProtectionError):
+            raise type(cached)(str(cached))
+        return cached
+
+    def open(self, sealed: Any, run_id: str, slot: str) -> Any:
+        from cryptography.exceptions import InvalidTag
+
+        kid, nonce, ciphertext, token, is_text = _parts(sealed)
+        keys = self.keys_for(kid)
+        try:
+            plaintext = keys.cipher.decrypt(nonce, ciphertext, _aad(kid, run_id, slot, token))
+        except InvalidTag:
+            raise TamperedValue(f"sealed value at {slot} of run {run_id} does not open under key {kid}") from None
+        if not hmac.compare_digest(keys.token(plaintext), token):
+            raise TamperedValue(f"sealed value at {slot} of run {run_id} carries a token that is not its value's")
+        value = json.loads(plaintext)
+        if is_text and not isinstance(value, str):
+            raise TamperedValue(f"sealed text at {slot} of run {run_id} holds a non-text value")
+        return value
+
+    def close(self) -> None:
+        for keys in self._keys.values():
+            if isinstance(keys, _Keys):
+                keys.wipe()
+        self._keys.clear()
+
+
+class ValueProtector:
+    """Seals and opens values for subjects, with keys from `keystore`.
+
+    `sealer(subject, run_id)` gives a run its sealer (the engine's use); `seal` / `open` do one value;
+    `open_record` (module function) opens a whole record. Building one needs the `cryptography` package.
+    """
+
+    def __init__(self, keystore: KeyStore) -> None:
+        for method in ("key_for", "key_by_id", "erase"):
+            if not callable(getattr(keystore, method, None)):
+                raise TypeError(f"keystore must have {method}(); got {type(keystore).__name__}")
+        self.keystore = keystore
+        self._aesgcm = _aesgcm_class()
+
+    def __repr__(self) -> str:
+        return f"ValueProtector({self.keystore!r})"
+
+    def sealer(self, subject: str | None, run_id: str) -> RunSealer:
+        """A sealer for one run of `subject` under the subject's current key (created on first use).
+
+        :raises KeyStoreError: the key store cannot give the key.
+        """
+        key = self.keystore.key_for(subject)
+        try:
+            return RunSealer(key, run_id, self._aesgcm)
+        finally:
+            key.wipe()
+
+    def seal(self, value: Any, *, subject: str | None, run_id: str, slot: str) -> dict[str, str]:
+        """One JSON value sealed for `subject`, bound to `run_id` and `slot`."""
+        sealer = self.sealer(subject, run_id)
+        try:
+            return sealer.value(value, slot)
+        finally:
+            sealer.close()
+
+    def seal_text(self, text: str, *, subject: str | None, run_id: str, slot: str) -> str:
+        sealer = self.sealer(subject, run_id)
+        try:
+            return sealer.text(text, slot)
+        finally:
+            sealer.close()
+
+    def token(self, value: Any, *, subject: str | None) -> str:
+        """The token `value` would carry if sealed now for `subject` (to look a value up by token)."""
+        sealer = self.sealer(subject, "")
+        try:
+            return sealer._keys.token(canonical_json(value))
+        finally:
+            sealer.close()
+
+    def digest_like(self, reference: str, data: Any) -> str | None:
+        """The keyed digest of `data` under the key `reference` (a keyed digest) names, to check it
+        against `reference`; None when `reference` is not a keyed digest or its key is gone."""
+        parts = reference.split(":") if isinstance(reference, str) else []
+        if len(parts) != 3 or parts[0] != "hmac-sha256":
+            return None
+        try:
+            with self.opening() as opening:
+                return opening.keys_for(parts[1]).digest(data)
+        except ProtectionError:
+            return None
+
+    def open(self, sealed: Any, *, run_id: str, slot: str) -> Any:
+        """The value `sealed` holds (either form).
+
+        :raises ValueErased: its subject's key was erased.
+        :raises UnknownKey: its key id is not one this key store issued.
+        :raises TamperedValue: it does not open under its key, `run_id` and `slot`.
+        """
+        with self.opening() as opening:
+            return opening.open(sealed, run_id, slot)
+
+    @contextmanager
+    def opening(self) -> Iterator[_Opening]:
+        """A session that opens many values, deriving each key once; its keys are wiped at the end."""
+        opening = _Opening(self.keystore, self._aesgcm)
+        try:
+            yield opening
+        finally:
+            opening.close()
+
+
+# ---- which slots are protected -----------------------------------------------------------------------
+#
+# One description of the protected slots serves sealing (event payloads, as the engine emits them) and
+# opening (event bodies, and records rebuilt from events). A slot is named by where it sits in the
+# *record* when the record has it (`fields/<name>/value`, `gate/...`, `reason`), so the same slot gets
+# the same name in every event that carries it and in the record rebuilt from them.
+
+SealValue = Callable[[Any, str], Any]
+SealText = Callable[[str, str], str]
+
+CLEAR_CHECKLIST_MEMBERS = frozenset({"id", "status", "source", "verified_at"})
+
+
+def _field(field: Any, value: SealValue, text: SealText) -> Any:
+    if not isinstance(field, Mapping):
+        return field
+    out = dict(field)
+    name = out.get("name")
+    if "value" in out:
+        out["value"] = value(out["value"], f"fields/{name}/value")
+    for member in ("note", "_diag_note"):
+        if isinstance(out.get(member), str):
+            out[member] = text(out[member], f"fields/{name}/{member}")
+    return out
+
+
+def _item(item: Any, index: int, value: SealValue) -> Any:
+    if is_sealed(item) or not isinstance(item, Mapping):
+        return value(item, f"user_checklist/{index}")
+    return {k: v if k in CLEAR_CHECKLIST_MEMBERS else value(v, f"user_checklist/{index}/{k}") for k, v in item.items()}
+
+
+def _checklist(items: Any, value: SealValue) -> Any:
+    if not isinstance(items, list):
+        return items
+    return [_item(item, index, value) for index, item in enumerate(items)]
+
+
+def _texts_in(entries: Any, members: tuple[str, ...], prefix: str, text: SealText) -> Any:
+    if not isinstance(entries, list):
+        return entries
+    out: list[Any] = []
+    for index, entry in enumerate(entries):
+        if isinstance(entry, Mapping):
+            entry = dict(entry)
+            for member in members:
+                if isinstance(entry.get(member), str):
+                    entry[member] = text(entry[member], f"{prefix}/{index}/{member}")
+        out.append(entry)
+    return out
+
+
+def _gate(gate: Any, text: SealText) -> Any:
+    if not isinstance(gate, Mapping):
+        return gate
+    out = dict(gate)
+    if isinstance(out.get("intent_fingerprint"), str):
+        out["intent_fingerprint"] = text(out["intent_fingerprint"], "intent_fingerprint")
+    if "unknown_fields" in out:
+        out["unknown_fields"] = _texts_in(out["unknown_fields"], ("note",), "gate/unknown_fields", text)
+    if "unverified_checklist" in out:
+        out["unverified_checklist"] = _texts_in(
+            out["unverified_checklist"], ("description", "note"), "gate/unverified_checklist", text
+        )
+    diag = out.get("_diag")
+    if isinstance(diag, Mapping):
+        diag = dict(diag)
+        for name in ("lookup_failures", "issues"):
+            if name in diag:
+                diag[name] = _texts_in(diag[name], ("detail",), f"gate/_diag/{name}", text)
+        out["_diag"] = diag
+    return out
+
+
+def _reason_slot(decision: Any) -> str:
+    return "outcome/reason" if decision in ("executed", "failed") else "reason"
+
+
+def protect_payload(event_type: str, payload: Mapping[str, Any], value: SealValue, text: SealText) -> dict[str, Any]:
+    """`payload` (an event's members, envelope or not) with `value` / `text` applied to each protected
+    slot: sealing them (`RunSealer.payload`) or opening them (`open_event_body`). Events of other types
+    (and members not listed in the module doc) pass unchanged."""
+    out = dict(payload)
+    if event_type == "run_started":
+        if isinstance(out.get("intent_fingerprint"), str):
+            out["intent_fingerprint"] = text(out["intent_fingerprint"], "intent_fingerprint")
+        if "user_checklist" in out:
+            out["user_checklist"] = _checklist(out["user_checklist"], value)
+    elif event_type == "fixed_checklist_resolved":
+        if "issues" in out:
+            out["issues"] = _texts_in(out["issues"], ("detail",), "fixed/issues", text)
+    elif event_type == "field_resolved":
+        if "field" in out:
+            out["field"] = _field(out["field"], value, text)
+    elif event_type == "checklist_item_verified":
+        index = out.get("index")
+        if "item" in out and isinstance(index, int):
+            out["item"] = _item(out["item"], index, value)
+    elif event_type in ("gate_blocked", "execution_approved"):
+        if "gate" in out:
+            out["gate"] = _gate(out["gate"], text)
+    elif event_type == "run_deferred":
+        if "deferred_input" in out:
+            out["deferred_input"] = value(out["deferred_input"], "deferred_input")
+    elif event_type == "run_closed":
+        record = out.get("record")
+        if isinstance(record, Mapping) and isinstance(record.get("reason"), str):
+            out["record"] = {**record, "reason": text(record["reason"], "reason")}
+    elif event_type in ("executed", "execution_failed"):
+        if isinstance(out.get("reason"), str):
+            out["reason"] = text(out["reason"], "outcome/reason")
+        if event_type == "execution_failed" and isinstance(out.get("error"), str):
+            out["error"] = text(out["error"], "outcome/error")
+    return out
+
+
+def _record_slots(data: Mapping[str, Any], value: SealValue, text: SealText) -> dict[str, Any]:
+    out = dict(data)
+    if isinstance(out.get("fields"), list):
+        out["fields"] = [_field(f, value, text) for f in out["fields"]]
+    out["user_checklist"] = _checklist(out.get("user_checklist"), value)
+    if out.get("gate") is not None:
+        out["gate"] = _gate(out["gate"], text)
+    if isinstance(out.get("reason"), str):
+        out["reason"] = text(out["reason"], _reason_slot(out.get("execution_decision")))
+    if out.get("deferred_input") is not None:
+        out["deferred_input"] = value(out["deferred_input"], "deferred_input")
+    return out
+
+
+# ---- opening ----------------------------------------------------------------------------------------
+
+
+class _Openers:
+    """The `value` / `text` callbacks that open sealed slots, keeping what could not be opened sealed.
+
+    `strict`: a slot that fails for any reason but erasure raises; otherwise it is kept and listed."""
+
+    def __init__(self, opening: _Opening, run_id: str, strict: bool) -> None:
+        self._opening = opening
+        self._run_id = run_id
+        self._strict = strict
+        self.erased: list[str] = []
+        self.unreadable: dict[str, str] = {}
+
+    def _open(self, sealed: Any, slot: str) -> Any:
+        try:
+            return self._opening.open(sealed, self._run_id, slot)
+        except ValueErased:
+            self.erased.append(slot)
+        except ProtectionError as exc:
+            if self._strict:
+                raise
+            self.unreadable[slot] = type(exc).__name__
+        return sealed
+
+    def value(self, value: Any, slot: str) -> Any:
+        return self._open(value, slot) if is_sealed(value) else value
+
+    def text(self, text: str, slot: str) -> str:
+        if not is_sealed(text):
+            return text
+        opened = self._open(text, slot)
+        return opened if isinstance(opened, str) else text
+
+
+def _has_sealed(data: Any) -> bool:
+    if is_sealed(data):
+        return True
+    if isinstance(data, Mapping):
+        return any(_has_sealed(v) for v in data.values())
+    if isinstance(data, list):
+        return any(_has_sealed(v) for v in data)
+    return False
+
+
+def open_record(record: ExecutionRecord, protector: ValueProtector) -> ExecutionRecord:
+    """`record` with every sealed slot opened: the plaintext record its run decided.
+
+    A slot whose subject's key was erased stays sealed and is listed in `record.erased_values`.
+
+    :raises UnknownKey: a value was sealed under a key this key store never issued.
+    :raises TamperedValue: a value does not open under its key, run and slot.
+    :raises ProtectionError: the record has sealed values but no run reference (no run to bind them to).
+    """
+    data = record.model_dump(mode="json")
+    if not _has_sealed(data):
+        return record
+    ref = record.run_ref
+    if ref is None:
+        raise ProtectionError("a record with sealed values needs its run reference to be opened")
+    with protector.opening() as opening:
+        openers = _Openers(opening, ref.run_id, strict=True)
+        opened = _record_slots(data, openers.value, openers.text)
+    result = ExecutionRecord.model_validate(opened).with_run_ref(ref, record.run_events)
+    return result.with_erased(tuple(openers.erased))
+
+
+@dataclass(frozen=True)
+class OpenedBody:
+    """An event's JSON body with its sealed slots opened, and the slots that stayed sealed (erased)."""
+
+    body: dict[str, Any]
+    erased: tuple[str, ...]
+
+
+def open_event_body(event: Mapping[str, Any], protector: ValueProtector) -> OpenedBody:
+    """An event's JSON body (e.g. ``event.model_dump(mode="json")``) with its sealed slots opened, for a
+    compliance reader. Its `hash` no longer matches: verify the sealed body, then open it.
+
+    :raises UnknownKey, TamperedValue: as `open_record`.
+    """
+    run_id = event.get("run_id")
+    event_type = event.get("event_type")
+    if not isinstance(run_id, str) or not isinstance(event_type, str):
+        raise ProtectionError("an event body needs its run_id and event_type to be opened")
+    with protector.opening() as opening:
+        openers = _Openers(opening, run_id, strict=True)
+        body = protect_payload(event_type, event, openers.value, openers.text)
+    return OpenedBody(body, tuple(openers.erased))
+
+
+def baseline_view(record: ExecutionRecord | None, protector: ValueProtector | None) -> ExecutionRecord | None:
+    """A baseline as tier 4 may read it: sealed slots opened where they can be, and every field whose
+    value stays sealed (its key erased, unknown to this key store, the value altered, or no protector to
+    open it) turned `unknown`, so it is never inherited. Fails closed; never raises for a sealed value.
+
+    A record without sealed values is returned as is.
+    """
+    if record is None:
+        return None
+    if protector is None and not any(is_sealed(f.value) for f in record.fields or ()):
+        return record  # the common case of an engine without keys: nothing tier 4 reads is sealed
+    data = record.model_dump(mode="json")
+    if not _has_sealed(data):
+        return record
+    ref = record.run_ref
+    if protector is not None and ref is not None:
+        with protector.opening() as opening:
+            openers = _Openers(opening, ref.run_id, strict=False)
+            data = _record_slots(data, openers.value, openers.text)
+        erased = tuple(openers.erased)
+    else:
+        erased = ()
+    if isinstance(data.get("fields"), list):
+        data["fields"] = [_closed_field(f, erased) for f in data["fields"]]
+    result = ExecutionRecord.model_validate(data).with_run_ref(ref, record.run_events)
+    return result.with_erased(erased)
+
+
+def _closed_field(field: Any, erased: tuple[str, ...]) -> Any:
+    if not isinstance(field, Mapping) or field.get("status") != "known" or not is_sealed(field.get("value")):
+        return field
+    name = field.get("name")
+    why = "its subject's key was erased" if f"fields/{name}/value" in erased else "it cannot be opened here"
+    return {
+        "name": name,
+        "status": "unknown",
+        "source": None,
+        "origin_source": None,
+        "resolved_at": field.get("resolved_at"),
+        "note": f"baseline value withheld: {why}",
+    }
