@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test test-kafka lint typecheck unit bench clean
+.PHONY: venv test test-kafka lint typecheck unit bench demo clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -32,10 +32,22 @@ test: lint typecheck
 test-kafka: $(STAMP)
 	PREFLIGHT_BROKER=kafka $(BIN)/pytest -q -m integration; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
+# The whole system once on this machine: broker, worker, projector, agent sessions, the audit (see README).
+demo: $(STAMP)
+	$(BIN)/preflight-audit demo
+
+# The reliability suite (tests/reliability) as a soak: 50 kill cycles per fault test instead of CI's 20,
+# on the selected broker (PREFLIGHT_BROKER=kafka adds the broker restarts). PREFLIGHT_FAULT_SEED replays one.
+soak: $(STAMP)
+	PREFLIGHT_SOAK_CYCLES=$${PREFLIGHT_SOAK_CYCLES:-50} $(BIN)/pytest -q -m reliability tests/reliability; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$rc
+
 bench: $(STAMP)
 	$(BIN)/python bench/engine.py
 	$(BIN)/python bench/fold.py
 	$(BIN)/python bench/projector.py
+	$(BIN)/python bench/freshness.py
+	$(BIN)/python bench/archive_queries.py
+	$(BIN)/python bench/verify.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache build *.egg-info

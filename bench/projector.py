@@ -11,18 +11,25 @@ distinct and hash-valid; one message per run, plus one per outcome. Then it meas
   (b) the limit: the same rows (planned in memory beforehand, untimed) inserted into another fresh
       DuckDB file as Arrow tables in one transaction by the same SQL; events/s;
 
-and prints both and (a)/(b) (target >= 0.5). Everything started is stopped; the files are deleted.
+and prints both and (a)/(b) (target >= 0.5), the projector's seconds by stage and the CPU seconds of
+this process (event loop, writer thread, DuckDB's threads) and of its decode workers. ``--profile``
+also profiles the event loop (cProfile) and prints the top of it. Everything started is stopped; the
+files are deleted.
 
     python bench/projector.py [--events 200000] [--users 2000] [--partitions 2] [--batch-size 2000]
-                              [--decode-workers N]
+                              [--decode-workers N] [--profile]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
+import io
 import json
+import pstats
 import random
+import resource
 import shutil
 import tempfile
 import time
@@ -112,41 +119,50 @@ def _hooks(path: str) -> dict[str, Any]:
     }
 
 
+async def engine_run(
+    tool_name: str, path: str, user: str, agent: str, storage: MemoryStorage
+) -> list[list[dict[str, Any]]]:
+    """One run of the real engine down `path` (and its outcome message, for `executed` / `failed`), as the
+    JSON events of each message. `storage` carries baselines between runs of the same user."""
+    tool = TOOLS[tool_name]
+    required = tool["inputSchema"]["required"]
+    pf = create_preflight(hooks=_hooks(path), storage=storage, sink=MemoryEventSink())
+    answers = {f: f"answer-{f}" for f in required if f not in ("amount", "title", "subject", "start")}
+    run_tool = {k: v for k, v in tool.items() if k != "inputSchema"} if path == "definition_hold" else tool
+    state = await pf.run_and_record(
+        {
+            "user_id": user,
+            "agent_id": agent,
+            "instruction": [{"text": "send 500,000 won to my landlord", "trust": "user"}],
+            "tool": run_tool,
+            "pre_set_data": {"from_account": {"value": "1102534471", "trust": "user", "origin": "profile"}},
+            "user_answers": {} if path in ("ask_value", "deferred") else answers,
+            "user_checklist": [{"description": "no id"}]
+            if path == "checklist_id_hold"
+            else [{"id": "chk_limit", "description": "within daily limit"}],
+        }
+    )
+    messages = [[e.model_dump(mode="json") for e in state.run_events]]
+    if path in ("executed", "failed") and state.execution_decision == "execute":
+
+        def call(name: str, args: dict[str, Any], fail: bool = path == "failed") -> str:
+            if fail:
+                raise RuntimeError("provider error")
+            return "ok"
+
+        done = await pf.execute_if_ready(state, run_tool, call)
+        assert done.status == path, done.reason
+        messages.append([done.state.run_events[-1].model_dump(mode="json")])
+    return messages
+
+
 async def templates() -> dict[tuple[str, str], list[list[dict[str, Any]]]]:
     """Per (tool, path), the JSON events of one engine run (and its outcome message)."""
-    made: dict[tuple[str, str], list[list[dict[str, Any]]]] = {}
-    for tool_name, tool in TOOLS.items():
-        required = tool["inputSchema"]["required"]
-        for path, _ in MIX:
-            pf = create_preflight(hooks=_hooks(path), storage=MemoryStorage(), sink=MemoryEventSink())
-            answers = {f: f"answer-{f}" for f in required if f not in ("amount", "title", "subject", "start")}
-            run_tool = {k: v for k, v in tool.items() if k != "inputSchema"} if path == "definition_hold" else tool
-            state = await pf.run_and_record(
-                {
-                    "user_id": TEMPLATE_USER,
-                    "agent_id": TEMPLATE_AGENT,
-                    "instruction": [{"text": "send 500,000 won to my landlord", "trust": "user"}],
-                    "tool": run_tool,
-                    "pre_set_data": {"from_account": {"value": "1102534471", "trust": "user", "origin": "profile"}},
-                    "user_answers": {} if path in ("ask_value", "deferred") else answers,
-                    "user_checklist": [{"description": "no id"}]
-                    if path == "checklist_id_hold"
-                    else [{"id": "chk_limit", "description": "within daily limit"}],
-                }
-            )
-            messages = [[e.model_dump(mode="json") for e in state.run_events]]
-            if path in ("executed", "failed"):
-
-                def call(name: str, args: dict[str, Any], fail: bool = path == "failed") -> str:
-                    if fail:
-                        raise RuntimeError("provider error")
-                    return "ok"
-
-                done = await pf.execute_if_ready(state, run_tool, call)
-                assert done.status == path, done.reason
-                messages.append([done.state.run_events[-1].model_dump(mode="json")])
-            made[(tool_name, path)] = messages
-    return made
+    return {
+        (tool_name, path): await engine_run(tool_name, path, TEMPLATE_USER, TEMPLATE_AGENT, MemoryStorage())
+        for tool_name in TOOLS
+        for path, _ in MIX
+    }
 
 
 def rechain(template: list[list[dict[str, Any]]], user: str, agent: str) -> list[bytes]:
@@ -194,10 +210,16 @@ async def workload(n_events: int, n_users: int, seed: int = 11) -> tuple[list[tu
     return messages, events, mix
 
 
+def _cpu() -> tuple[float, float]:
+    """CPU seconds (user + system) of this process and of its reaped children."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime, children.ru_utime + children.ru_stime
+
+
 def bulk_insert(path: Path, topic: str, messages: Sequence[tuple[bytes, bytes]]) -> tuple[float, int]:
     """Seconds to insert every row the projector would write, in one transaction, and the event count."""
     incoming = [Incoming(topic, 0, offset, key, value) for offset, (key, value) in enumerate(messages)]
-    plan = plan_batch(prepare_all(incoming), {}, projection="bench", next_offsets={})
+    plan = plan_batch([prepare_all(incoming)], {}, projection="bench", next_offsets={})
     tables = to_arrow(plan)
     con = open_database(path)
     try:
@@ -223,19 +245,35 @@ async def bench(args: argparse.Namespace) -> None:
             ends = await publish_messages(broker.bootstrap_servers, topic, messages)
             print(f"published in {time.perf_counter() - t0:.1f} s; end offsets {ends}")
 
+            profile = cProfile.Profile() if args.profile else None
+            own, children = _cpu()
             async with Projector(
                 work / "live.duckdb",
                 broker.bootstrap_servers,
                 topic,
                 batch_size=args.batch_size,
                 decode_workers=args.decode_workers,
+                publish_dead_letters=False,
             ) as projector:
                 start = time.perf_counter()
+                if profile is not None:
+                    profile.enable()
                 stats = await projector.run_until(ends, timeout_s=900)
+                if profile is not None:
+                    profile.disable()
                 projector_s = time.perf_counter() - start
+            own_after, children_after = _cpu()  # the decode workers are reaped by now: their CPU is counted
             print(f"projector: {stats}")
             stages = ", ".join(f"{name} {secs:.2f}" for name, secs in stats.seconds.items())
-            print(f"  seconds by stage (event loop: fetch, decode, wait; writer thread: the rest): {stages}")
+            print(f"  seconds by stage: {stages}")
+            print(
+                f"  CPU seconds: this process {own_after - own:.2f} (event loop, writer thread, DuckDB's threads),"
+                f" decode workers {children_after - children:.2f}; wall {projector_s:.2f}"
+            )
+            if profile is not None:
+                out = io.StringIO()
+                pstats.Stats(profile, stream=out).sort_stats("tottime").print_stats(15)
+                print("  event loop profile (tottime):\n" + out.getvalue())
 
         insert_s, inserted = bulk_insert(work / "bulk.duckdb", topic, messages)
         a = stats.events / projector_s
@@ -257,6 +295,7 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=2_000)
     parser.add_argument("--decode-workers", type=int, default=default_decode_workers())
+    parser.add_argument("--profile", action="store_true", help="profile the event loop and print the top of it")
     asyncio.run(bench(parser.parse_args()))
 
 

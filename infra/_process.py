@@ -132,6 +132,23 @@ class LoggedProcess:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self._popen.pid, signum)
 
+    def kill(self) -> int:
+        """End the child at once with SIGKILL (a crash: no shutdown of any kind); reap it; return its exit code.
+
+        :raises BrokerStopError: if the child survives SIGKILL for longer than the bound.
+        """
+        try:
+            if self._popen.poll() is None:
+                self._signal(signal.SIGKILL)
+                try:
+                    return self._popen.wait(timeout=_KILL_WAIT_S)
+                except subprocess.TimeoutExpired as exc:
+                    raise BrokerStopError(f"process {self._popen.pid} survived SIGKILL for {_KILL_WAIT_S:g} s") from exc
+            return self._popen.wait()
+        finally:
+            if self._popen.returncode is not None:
+                _LIVE.discard(self)
+
     def stop(self, timeout: float) -> int:
         """End the child: SIGTERM, wait up to ``timeout`` s, then SIGKILL; reap it; return its exit code.
 

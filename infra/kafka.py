@@ -4,8 +4,9 @@
 ``infra/apache-kafka/lib/`` (git-ignored; fetched again when the pom changes). :class:`ApacheKafkaBroker`
 writes ``server.properties``, formats the storage the first time, starts ``kafka.Kafka`` with a bounded
 heap and its log in a file, waits (bounded) until it answers, and stops it cleanly. Its data directory
-survives :meth:`ApacheKafkaBroker.restart`, and survives :meth:`~ApacheKafkaBroker.stop` too when the
-caller passed it. ``python -m infra.kafka`` runs one by hand.
+survives :meth:`ApacheKafkaBroker.restart` and :meth:`~ApacheKafkaBroker.halt` (a stop, controlled or a
+SIGKILL, that :meth:`~ApacheKafkaBroker.start` undoes), and survives :meth:`~ApacheKafkaBroker.stop` too
+when the caller passed it. ``python -m infra.kafka`` runs one by hand.
 """
 
 from __future__ import annotations
@@ -365,14 +366,31 @@ class ApacheKafkaBroker:
             self._ports = None
             untrack(self)
 
-    def restart(self) -> Self:
-        """Stop the broker and start it again on the same ports and data dir (its data is kept).
+    def halt(self, *, hard: bool = False) -> None:
+        """Stop the broker process but keep its data dir and ports: :meth:`start` brings it back as it was.
+
+        By default a controlled shutdown (SIGTERM, then SIGKILL after ``stop_timeout``); ``hard=True``
+        SIGKILLs the JVM instead, a crash after which the broker recovers its logs on the next start.
+        A no-op while halted.
 
         :raises BrokerStateError: when the broker was never started.
         """
         if self._ports is None or self._data_dir is None:
-            raise BrokerStateError("restart() needs a started broker")
-        self._stop_process()
+            raise BrokerStateError("halt() needs a started broker")
+        process, self._process = self._process, None
+        if process is None:
+            return
+        if hard:
+            process.kill()
+        else:
+            process.stop(self._stop_timeout)
+
+    def restart(self, *, hard: bool = False) -> Self:
+        """Stop the broker (see :meth:`halt`) and start it again on the same ports and data dir (its data is kept).
+
+        :raises BrokerStateError: when the broker was never started.
+        """
+        self.halt(hard=hard)
         return self.start()
 
     def _forget_data_dir(self) -> None:

@@ -304,8 +304,9 @@ def decode_event(data: bytes | str | Mapping[str, Any], *, hashed: bool = False)
     """Read one event; raise `EventDecodeError` naming the defect for anything else.
 
     `hashed=True` says the caller has already checked this mapping's `hash` against its canonical
-    form (`hash_matches`): that proves it can be written back, so the check is skipped. Validation
-    is strict either way, so the model holds exactly the mapping's values.
+    form (`hash_matches`): that proves its values encode as canonical JSON, so only the model's own
+    serialisation is checked (pydantic refuses nesting that `json` accepts). Validation is strict
+    either way, so the model holds exactly the mapping's values.
     """
     if isinstance(data, (bytes, bytearray, memoryview)):
         try:
@@ -335,10 +336,11 @@ def decode_event(data: bytes | str | Mapping[str, Any], *, hashed: bool = False)
             f"{'.'.join(str(p) for p in err['loc']) or '<event>'}: {err['msg']}" for err in exc.errors()
         )
         raise EventDecodeError(f"malformed {event_type}: {problems}") from exc
-    if hashed:
-        return event
     try:
-        canonical_json(event_body(event))  # what cannot be written back cannot be verified either
+        body = event_body(event)
+        if hashed:
+            return event
+        canonical_json(body)  # what cannot be written back cannot be verified either
     except (ValueError, TypeError, RecursionError) as exc:  # NaN, lone surrogates, too deep, non-JSON
         raise EventDecodeError(f"malformed {event_type}: cannot be written as canonical JSON: {exc}") from exc
     return event

@@ -20,6 +20,7 @@ The state is a plain JSON-compatible dict so that a table can store it as is.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -38,10 +39,13 @@ from preflight.records import UNKEYED_RECORD_KEY, ExecutionRecord, RunRef
 from preflight.signing import DecisionVerifier, SignedDecision, parse_time
 
 RECENT_RUNS_PER_KEY = 64
+#: Event ids a key remembers, so that a new run reusing one (with other content) is an anomaly.
+EVENT_IDS_PER_KEY = 128
 AWAITING_RUNS_PER_KEY = 32
 DECISIONS = ("execute", "ask_user", "hold", "deferred")
 
 # The envelope's members and their JSON types (`bool` is not an `int` here).
+_UUID = re.compile(r"[0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{12}")
 _ENVELOPE_STRINGS = ("event_id", "event_type", "run_id", "prev_hash", "hash", "occurred_at")
 
 
@@ -73,6 +77,7 @@ def initial_state(action_key: str) -> dict[str, Any]:
         "counts": {"runs": 0, **{d: 0 for d in DECISIONS}, "executed": 0, "failed": 0, "duplicates": 0},
         "awaiting": {},
         "recent": {},
+        "event_ids": [],
         "baseline": None,
     }
 
@@ -160,6 +165,14 @@ def evolve(
     for event, text in zip(message, texts, strict=True):
         if not hash_matches(event, text):
             return _anomaly(base, f"broken hash chain: seq {event['seq']} hash does not match its content")
+    for index, event in enumerate(message):
+        # The whole model, strictly, as the projector reads it: an intact chain does not make a run well formed.
+        if not _UUID.fullmatch(event["event_id"]):
+            return _anomaly(base, f"event {index}: event_id {event['event_id']!r:.80} is not a UUID")
+        try:
+            decode_event(event, hashed=True)
+        except EventDecodeError as exc:
+            return _anomaly(base, f"event {index}: {exc}")
 
     if message[0]["event_type"] in TAIL_EVENT_TYPES:
         folded = _apply_tail(base, run_id, message, verifier)
@@ -197,6 +210,9 @@ def _apply_run(state: dict[str, Any], run_id: str, events: Sequence[Mapping[str,
             state["counts"]["duplicates"] += 1
             return Folded(state, "duplicate", "run already applied (same hashes)")
         return _anomaly(state, f"run {run_id} seen before with different content")
+    reused = _reused_event_id(state, events)
+    if reused is not None:
+        return _anomaly(state, reused)
 
     decision = closing.get("decision")
     if decision not in DECISIONS:
@@ -204,11 +220,26 @@ def _apply_run(state: dict[str, Any], run_id: str, events: Sequence[Mapping[str,
     state["counts"]["runs"] += 1
     state["counts"][decision] += 1
     entry = {"decision": decision, "close_hash": closing["hash"], "last_seq": closing["seq"], "last_hash": prev}
+    _remember_event_ids(state, events)
     if decision == "execute":
         _remember(state["awaiting"], run_id, {**entry, "events": [dict(e) for e in events]}, AWAITING_RUNS_PER_KEY)
     else:
         _remember(state["recent"], run_id, entry, RECENT_RUNS_PER_KEY)
     return Folded(state, "applied")
+
+
+def _reused_event_id(state: Mapping[str, Any], events: Sequence[Mapping[str, Any]]) -> str | None:
+    """Why `events` (a new run or outcome) cannot be applied: one reuses an event_id this key has seen."""
+    seen = set(state.get("event_ids") or ())
+    for event in events:
+        if event["event_id"] in seen:
+            return f"event_id {event['event_id']} reused by run {event['run_id']} for different content"
+    return None
+
+
+def _remember_event_ids(state: dict[str, Any], events: Sequence[Mapping[str, Any]]) -> None:
+    """Keep the key's last EVENT_IDS_PER_KEY event ids (a new list: states are copied shallowly)."""
+    state["event_ids"] = [*(state.get("event_ids") or ()), *(e["event_id"] for e in events)][-EVENT_IDS_PER_KEY:]
 
 
 def _decision_problem(
@@ -263,7 +294,7 @@ def _apply_tail(
         return _anomaly(state, f"{tail['event_type']} for a run without a recorded execute decision")
     if tail["seq"] != waiting["last_seq"] + 1 or tail["prev_hash"] != waiting["last_hash"]:
         return _anomaly(state, "broken hash chain: the outcome does not link to its run's close")
-    problem = _decision_problem(waiting["events"], tail, verifier)
+    problem = _decision_problem(waiting["events"], tail, verifier) or _reused_event_id(state, events)
     if problem is not None:
         return _anomaly(state, problem)
 
@@ -287,6 +318,7 @@ def _apply_tail(
         }
         baseline_changed = True
     del state["awaiting"][run_id]
+    _remember_event_ids(state, events)
     state["counts"]["executed" if executed else "failed"] += 1
     entry = {
         "decision": "execute",

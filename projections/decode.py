@@ -29,10 +29,10 @@ import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, get_args
 
 import orjson
-from pydantic import TypeAdapter, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from preflight.errors import EventDecodeError
 from preflight.events import (
@@ -98,12 +98,12 @@ class Rejected:
 
 @dataclass(frozen=True, slots=True)
 class VerifiedRun:
-    """A whole run, intact: its events in `seq` order and the canonical JSON of each."""
+    """A whole run, intact: its events in `seq` order and the canonical JSON of each (UTF-8)."""
 
     incoming: Incoming
     run_id: str
     events: tuple[PreflightEvent, ...]
-    encoded: tuple[str, ...]
+    encoded: tuple[bytes, ...]
 
     @property
     def close(self) -> RunClosed:
@@ -119,7 +119,7 @@ class VerifiedTail:
     incoming: Incoming
     run_id: str
     event: Executed | ExecutionFailed
-    encoded: str
+    encoded: bytes
 
 
 Decoded = VerifiedRun | VerifiedTail | Rejected
@@ -179,12 +179,14 @@ def _decode(incoming: Incoming) -> Decoded:
     return VerifiedRun(incoming, run_id, tuple(events), tuple(encoded))
 
 
-def _fast_path(value: bytes) -> tuple[list[PreflightEvent], list[str]] | None:
+def _fast_path(value: bytes) -> tuple[list[PreflightEvent], list[bytes]] | None:
     """The events of a message that validates strictly as a whole and hashes through orjson, else None.
 
     None sends the message down the reference path, which finds the precise defect (or accepts a
-    message this path could not judge exactly). For a strictly valid event, the model's `__dict__`
-    holds exactly the JSON it was read from, so its sorted orjson dump is the canonical form.
+    message this path could not judge exactly). For a strictly valid event, the fields it was read with
+    (`model_fields_set`: a field left out keeps its default but is not in the JSON, e.g. an unsigned
+    decision's `signature`) hold exactly the JSON it was read from, nested models likewise, so their
+    sorted orjson dump is the canonical form.
     """
     try:
         events = _MESSAGE.validate_json(value, strict=True)
@@ -192,32 +194,33 @@ def _fast_path(value: bytes) -> tuple[list[PreflightEvent], list[str]] | None:
         return None
     if not events:
         return None
-    texts: list[str] = []
+    texts: list[bytes] = []
     for event in events:
         if event.schema_version not in SUPPORTED_EVENT_VERSIONS or not _UUID.fullmatch(event.event_id):
             return None
-        body = event.__dict__
-        if _has_float(body):
-            return None
+        body = _as_read(event)
+        for name in _FLOAT_HOLDERS[type(event)]:
+            if name in body and _has_float(body[name]):
+                return None
         try:
-            full = orjson.dumps(body, option=_SORTED)
+            full = orjson.dumps(body, option=_SORTED, default=_nested_as_read)
         except TypeError:  # an integer beyond 64 bits
             return None
         hashed = _without_hash(full, event.hash)
         if hashed is None or hashlib.sha256(event.prev_hash.encode() + b"\n" + hashed).hexdigest() != event.hash:
             return None
-        texts.append(full.decode("utf-8"))
+        texts.append(full)
     return events, texts
 
 
-def _reference_path(value: bytes) -> tuple[list[PreflightEvent], list[str]]:
+def _reference_path(value: bytes) -> tuple[list[PreflightEvent], list[bytes]]:
     """Every event read, validated and hashed one by one; raises `_Reject` naming the first defect."""
     raw, exact = _parse(value)
     if not isinstance(raw, list) or not raw:
         raise _Reject("not_an_event_array", f"the message is a JSON {type(raw).__name__}, not a non-empty array")
     run_id = _run_id_of(raw)
     events: list[PreflightEvent] = []
-    encoded: list[str] = []
+    encoded: list[bytes] = []
     for index, item in enumerate(raw):
         event, text = _verified_event(item, index, exact, run_id)
         events.append(event)
@@ -240,6 +243,36 @@ def _parse(value: bytes) -> tuple[Any, bool]:
         raise _Reject("undecodable", f"undecodable bytes: {type(exc).__name__}: {exc}") from exc
 
 
+def _may_hold_float(annotation: Any) -> bool:
+    """Whether a strictly validated field of this type can hold a float (Any can; str, int, bool can't)."""
+    if annotation is Any or annotation is float:
+        return True
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return any(_may_hold_float(f.annotation) for f in annotation.model_fields.values())
+    return any(_may_hold_float(arg) for arg in get_args(annotation) if not isinstance(arg, str))
+
+
+#: Per event model, the fields that may hold a float: the only ones `_fast_path` looks into for one.
+_FLOAT_HOLDERS: Final = {
+    model: tuple(name for name, info in model.model_fields.items() if _may_hold_float(info.annotation))
+    for model in (get_args(get_args(PreflightEvent)[0]))
+}
+
+
+def _as_read(model: BaseModel) -> dict[str, Any]:
+    """A validated model's fields as its JSON had them: those it was read with (not defaults filled in)."""
+    fields: dict[str, Any] = model.__dict__
+    read = model.model_fields_set
+    return fields if len(read) == len(fields) else {name: fields[name] for name in read}
+
+
+def _nested_as_read(value: Any) -> dict[str, Any]:
+    """orjson's fallback for what it cannot write: a nested model, as read."""
+    if isinstance(value, BaseModel):
+        return _as_read(value)
+    raise TypeError(f"cannot write {type(value).__name__}")
+
+
 def _has_float(value: Any) -> bool:
     kind = type(value)
     if kind is float:
@@ -248,6 +281,8 @@ def _has_float(value: Any) -> bool:
         items: Any = value.values()
     elif kind is list:
         items = value
+    elif isinstance(value, BaseModel):
+        items = value.__dict__.values()
     else:
         return False
     for item in items:
@@ -267,7 +302,7 @@ def _run_id_of(raw: list[Any]) -> str | None:
     return None
 
 
-def _verified_event(item: Any, index: int, exact: bool, run_id: str | None) -> tuple[PreflightEvent, str]:
+def _verified_event(item: Any, index: int, exact: bool, run_id: str | None) -> tuple[PreflightEvent, bytes]:
     where = f"event {index}"
     if not isinstance(item, dict):
         raise _Reject("malformed_event", f"{where} is a JSON {type(item).__name__}, not an object", run_id)
@@ -292,7 +327,7 @@ def _verified_event(item: Any, index: int, exact: bool, run_id: str | None) -> t
     return event, text
 
 
-def _hashed_text(item: dict[str, Any], exact: bool) -> str | None:
+def _hashed_text(item: dict[str, Any], exact: bool) -> bytes | None:
     """The event's canonical JSON if its `hash` matches its content and `prev_hash`, else None."""
     claimed = item["hash"]
     prev = item["prev_hash"]
@@ -302,12 +337,12 @@ def _hashed_text(item: dict[str, Any], exact: bool) -> str | None:
         if body is not None:
             digest = hashlib.sha256(prev.encode() + b"\n" + body).hexdigest()
             if digest == claimed:
-                return full.decode("utf-8")
+                return full
     # The reference computation: floats, integers orjson cannot hold, or a fast-path miss.
     try:
         if claimed != content_hash(prev, item):
             return None
-        return canonical_json(item).decode("utf-8")
+        return canonical_json(item)
     except (TypeError, ValueError):  # NaN / Infinity, or a lone surrogate: no canonical form
         return None
 
@@ -331,11 +366,12 @@ def _check_run(events: Sequence[PreflightEvent], run_id: str) -> None:
     """A run message's chain and shape (see the module doc); raises `_Reject` naming the first defect."""
     prev = GENESIS_HASH
     for position, event in enumerate(events):
-        where = f"seq {event.seq} ({event.event_type})"
         if event.seq != position:
             kind = "repeated" if event.seq < position else "gap in"
+            where = f"seq {event.seq} ({event.event_type})"
             raise _Reject("broken_chain", f"{where}: {kind} seq, expected {position}", run_id)
         if event.prev_hash != prev:
+            where = f"seq {event.seq} ({event.event_type})"
             raise _Reject("broken_chain", f"{where}: prev_hash does not link to the previous event", run_id)
         prev = event.hash
     types = [e.event_type for e in events]
@@ -355,12 +391,16 @@ def _check_run(events: Sequence[PreflightEvent], run_id: str) -> None:
         raise _Reject(
             "incomplete_run", f"a {close.decision} run carries exactly one {wanted} event (found {found})", run_id
         )
+    names: list[Any] = []
+    indexes: list[int] = []
     for event in events:
-        if isinstance(event, GateBlocked) and event.decision != close.decision:
+        if isinstance(event, FieldResolved):
+            names.append(event.field.get("name"))
+        elif isinstance(event, ChecklistItemVerified):
+            indexes.append(event.index)
+        elif isinstance(event, GateBlocked) and event.decision != close.decision:
             raise _Reject("incomplete_run", f"gate_blocked says {event.decision}, run_closed {close.decision}", run_id)
-    names = [e.field.get("name") for e in events if isinstance(e, FieldResolved)]
     if not all(isinstance(n, str) and n for n in names) or len(set(names)) != len(names):
         raise _Reject("unprojectable", "field_resolved events need distinct, non-empty field names", run_id)
-    indexes = [e.index for e in events if isinstance(e, ChecklistItemVerified)]
     if len(set(indexes)) != len(indexes):
         raise _Reject("unprojectable", "checklist_item_verified events repeat an item index", run_id)

@@ -40,7 +40,7 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Final, Self
@@ -50,6 +50,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError, OffsetOutOfRangeError
 
 from projections.decode import Incoming, Rejected
+from projections.dlq import DeadLetter, DeadLetterPublisher, default_dead_letter_topic
 from projections.errors import (
     BrokerError,
     DatabaseError,
@@ -57,7 +58,7 @@ from projections.errors import (
     ProjectionTimeout,
     ReplayTargetExistsError,
 )
-from projections.rows import Plan, Prepared, StoredRun, plan_batch, prepare_all, to_arrow
+from projections.rows import Plan, PreparedChunk, StoredRun, detached, plan_batch, prepare_all, raw, to_arrow
 from projections.store import (
     EventIdConflict,
     compare_projections,
@@ -97,7 +98,8 @@ class ProjectorStats:
 
     counts: Counter[str] = field(default_factory=Counter)
     batches: int = 0
-    #: Seconds spent per stage: fetch, decode, wait (for the writer), lookup, plan, arrow, write.
+    #: Seconds spent per stage. In the event loop: fetch, decode (with decode workers: waiting for them),
+    #: lookup, plan, wait (for the writer). In the writer thread: write.
     seconds: defaultdict[str, float] = field(default_factory=lambda: defaultdict(float))
 
     def add(self, plan: Plan) -> None:
@@ -125,7 +127,7 @@ class ProjectorStats:
 class _Batch:
     """A planned batch on its way to the writer, with what it was planned from (to plan it again)."""
 
-    prepared: list[Prepared]
+    prepared: list[PreparedChunk]
     stored: dict[str, StoredRun]
     next_offsets: dict[tuple[str, int], int]
     plan: Plan
@@ -144,11 +146,17 @@ class Projector:
     :param before_commit: called in the writer thread inside each batch's transaction, after its last
         write and before COMMIT (tests use it to kill the process at that point).
     :param on_batch: called in the event loop after each committed batch with its plan.
+    :param after_commit: called in the writer thread right after each batch's COMMIT with its plan: the
+        moment its rows became visible to readers (bench/freshness.py stamps it).
     :param kafka_commit_interval_s: how often to also commit the stored offsets to Kafka for lag
         monitors (best effort; ``None`` never). Never read back.
     :param decode_workers: processes that decode, verify and build rows (0: in the event loop). Decoding
         is pure Python; in other processes it runs beside the writer instead of taking turns with it
         for the GIL. `default_decode_workers()` suits a machine the projector has to itself.
+    :param dead_letter_topic: where dead letters are also published (`projections.dlq`); default
+        ``<topic>.projector.dlq``, declared at start (one partition) if the broker does not list it.
+    :param publish_dead_letters: False keeps dead letters in the `dead_letters` table only (`replay`
+        does: the live projector published them already).
     """
 
     def __init__(
@@ -166,6 +174,9 @@ class Projector:
         decode_workers: int = 0,
         before_commit: Callable[[], None] | None = None,
         on_batch: Callable[[Plan], None] | None = None,
+        after_commit: Callable[[Plan], None] | None = None,
+        dead_letter_topic: str | None = None,
+        publish_dead_letters: bool = True,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
@@ -184,6 +195,7 @@ class Projector:
         self._pool: ProcessPoolExecutor | None = None
         self._before_commit = before_commit
         self._on_batch = on_batch
+        self._after_commit = after_commit
         self._con: duckdb.DuckDBPyConnection | None = None
         self._consumer: Any = None
         self._partitions: list[Any] = []
@@ -191,10 +203,19 @@ class Projector:
         self._reader: duckdb.DuckDBPyConnection | None = None
         self._pending: asyncio.Future[Plan] | None = None
         self._in_flight: _Batch | None = None
+        #: A fetched batch not handed to the writer yet, and its decoding in the workers (None: not started).
+        self._decoding: tuple[list[Incoming], asyncio.Future[list[PreparedChunk]] | None] | None = None
         self._unaccounted = False
         self._committed: dict[tuple[str, int], int] = {}
         self._last_kafka_commit = 0.0
         self._kafka_commit_failed = False
+        self._dead_letter_topic = dead_letter_topic or default_dead_letter_topic(topic)
+        if publish_dead_letters and self._dead_letter_topic == topic:
+            raise ValueError(f"the dead-letter topic must differ from the events topic ({topic!r})")
+        self._publisher = (
+            DeadLetterPublisher(bootstrap_servers, self._dead_letter_topic) if publish_dead_letters else None
+        )
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.stats = ProjectorStats()
 
     # ---- lifecycle ------------------------------------------------------------------------------------
@@ -202,6 +223,11 @@ class Projector:
     @property
     def topic(self) -> str:
         return self._topic
+
+    @property
+    def dead_letter_topic(self) -> str | None:
+        """The topic dead letters are published to (None: they are not)."""
+        return self._publisher.topic if self._publisher is not None else None
 
     @property
     def decode_worker_pids(self) -> list[int]:
@@ -226,6 +252,7 @@ class Projector:
         """
         if self._con is not None:
             return
+        self._loop = asyncio.get_running_loop()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="projector-writer")
         try:
             stored = await self._open()
@@ -257,8 +284,12 @@ class Projector:
                         consumer.seek(tp, stored[tp.partition])
                     else:
                         await consumer.seek_to_beginning(tp)
+            if self._publisher is not None:
+                await self._publisher.start()
         except BaseException as exc:
             await consumer.stop()
+            if self._publisher is not None:
+                await self._publisher.stop()
             await self._close_database()
             if isinstance(exc, TimeoutError):
                 raise BrokerError(f"no answer from {self._bootstrap} within {self._start_timeout_s:g} s") from exc
@@ -286,7 +317,7 @@ class Projector:
             )
             self._pool = pool
             loop = asyncio.get_running_loop()
-            await asyncio.gather(*(loop.run_in_executor(pool, prepare_all, []) for _ in range(self._decode_workers)))
+            await asyncio.gather(*(loop.run_in_executor(pool, detached, []) for _ in range(self._decode_workers)))
         con = await self._in_writer(open_database, self._path)
         self._con = con
         self._reader = con.cursor()  # a second connection: reads committed data while the writer writes
@@ -296,15 +327,27 @@ class Projector:
         return stored
 
     async def stop(self) -> None:
-        """Finish the batch being written (it commits or rolls back whole), then disconnect and close."""
+        """Finish the batch being written (it commits or rolls back whole), then disconnect and close.
+
+        A batch fetched but not handed to the writer is dropped: the next start reads it again.
+        """
         try:
+            await self._drop_decoding()
             await self._drain()
-        finally:
+        finally:  # each piece is stopped even when stopping an earlier one raised (an interrupt, say)
             consumer, self._consumer = self._consumer, None
-            if consumer is not None:
-                await self._commit_to_kafka(consumer, force=True)
-                await consumer.stop()
-            await self._close_database()
+            try:
+                if consumer is not None:
+                    try:
+                        await self._commit_to_kafka(consumer, force=True)
+                    finally:
+                        await consumer.stop()
+            finally:
+                try:
+                    await self._close_database()
+                finally:
+                    if self._publisher is not None:
+                        await self._publisher.stop()
 
     async def _close_database(self) -> None:
         pool, self._pool = self._pool, None
@@ -317,8 +360,8 @@ class Projector:
         executor, self._executor = self._executor, None
         if con is not None and executor is not None:
             await asyncio.get_running_loop().run_in_executor(executor, con.close)
-        if executor is not None:
-            executor.shutdown(wait=True)
+        if executor is not None:  # not on the loop: a write in flight may be waiting for it to publish
+            await asyncio.to_thread(executor.shutdown, wait=True)
 
     async def __aenter__(self) -> Self:
         await self.start()
@@ -357,7 +400,7 @@ class Projector:
                 quiet_since = time.monotonic()
                 while True:
                     if await self._reached(targets) and (idle_s is None or time.monotonic() - quiet_since >= idle_s):
-                        await self._drain()
+                        await self._flush()
                         return self.stats
                     if await self._poll():
                         quiet_since = time.monotonic()
@@ -369,13 +412,13 @@ class Projector:
             ) from exc
 
     async def run_forever(self, stop: asyncio.Event) -> ProjectorStats:
-        """Project until `stop` is set, then finish the batch in hand and return."""
+        """Project until `stop` is set, then finish the batches in hand and return."""
         self._require_started()
         if self._unaccounted:
             await self._rewind()
         while not stop.is_set():
             await self._poll()
-        await self._drain()
+        await self._flush()
         return self.stats
 
     def _require_started(self) -> None:
@@ -383,19 +426,50 @@ class Projector:
             raise RuntimeError("the projector is not started (call start() or use `async with`)")
 
     async def _reached(self, targets: Mapping[Any, int]) -> bool:
+        """Whether the consumer has fetched every target (what it fetched is handed over by `_flush`)."""
         for tp, target in targets.items():
             if target > 0 and await self._consumer.position(tp) < target:
                 return False
         return True
 
     async def _poll(self) -> int:
-        """Fetch, decode and plan one batch while the previous one is written, then hand it to the writer."""
+        """Fetch a batch and start decoding it; meanwhile hand the batch fetched before it to the writer.
+
+        Three batches are in the air: the one being written (the writer thread), the one handed over
+        next (planned here), and the one just fetched, decoding in the decode workers. While a fetched
+        batch waits, the fetch does not wait for new messages: it takes what the consumer holds.
+        """
         if self._unaccounted:
             await self._rewind()
+        self._unaccounted = True  # interrupted from here on, the consumer is ahead of the database
+        previous, self._decoding = self._decoding, None
+        incoming = await self._fetch(wait=previous is None)
+        if incoming:
+            self._decoding = (incoming, self._start_decode(incoming))
+        if previous is not None:
+            await self._hand_over(*previous)
+        elif not incoming:
+            await self._drain()
+        self._unaccounted = False
+        return len(incoming)
+
+    async def _flush(self) -> None:
+        """Hand the fetched batch (if any) to the writer, and wait until everything handed over is committed."""
+        if self._unaccounted:
+            await self._rewind()
+        previous, self._decoding = self._decoding, None
+        if previous is not None:
+            self._unaccounted = True
+            await self._hand_over(*previous)
+            self._unaccounted = False
+        await self._drain()
+
+    async def _fetch(self, *, wait: bool) -> list[Incoming]:
+        """The next messages, at most `batch_size` (without `wait`, only those the consumer already holds)."""
         clock = time.perf_counter()
         try:
             batches: dict[Any, list[Any]] = await self._consumer.getmany(
-                *self._partitions, timeout_ms=self._poll_timeout_ms, max_records=self._batch_size
+                *self._partitions, timeout_ms=self._poll_timeout_ms if wait else 0, max_records=self._batch_size
             )
         except OffsetOutOfRangeError as exc:
             raise LogGapError(
@@ -406,25 +480,31 @@ class Projector:
             raise BrokerError(f"reading {self._topic!r} failed: {exc!r}") from exc
         incoming = [
             Incoming(
-                topic=tp.topic,
-                partition=tp.partition,
-                offset=int(record.offset),
-                key=record.key,
-                value=record.value,
-                timestamp_ms=record.timestamp,
-                headers=tuple((str(k), bytes(v)) for k, v in record.headers or ()),
+                tp.topic,
+                tp.partition,
+                record.offset,
+                record.key,
+                record.value,
+                record.timestamp,
+                tuple((str(k), bytes(v)) for k, v in record.headers) if record.headers else (),
             )
             for tp, records in batches.items()
             for record in records
         ]
+        self.stats.seconds["fetch"] += time.perf_counter() - clock
+        return incoming
+
+    def _start_decode(self, incoming: list[Incoming]) -> asyncio.Future[list[PreparedChunk]] | None:
+        """Start decoding in the decode workers (None without any: `_hand_over` decodes in the event loop)."""
+        if self._pool is None:
+            return None
+        return asyncio.ensure_future(self._prepared(incoming))
+
+    async def _hand_over(self, incoming: list[Incoming], decoding: asyncio.Future[list[PreparedChunk]] | None) -> None:
+        """Plan a fetched batch once it is decoded, wait for the batch in flight, and submit this one."""
         seconds = self.stats.seconds
-        seconds["fetch"] += time.perf_counter() - clock
-        if not incoming:
-            await self._drain()
-            return 0
-        self._unaccounted = True  # fetched: until the writer has the batch, an interruption must rewind
         clock = time.perf_counter()
-        prepared = await self._prepared(incoming)
+        prepared = await decoding if decoding is not None else [prepare_all(incoming)]
         seconds["decode"] += time.perf_counter() - clock
         batch = self._plan(prepared)
         clock = time.perf_counter()
@@ -436,14 +516,21 @@ class Projector:
         # fetches, decodes and plans the next batch (DuckDB releases the GIL while it works).
         assert self._executor is not None
         self._pending = asyncio.get_running_loop().run_in_executor(self._executor, self._write, batch)
-        self._unaccounted = False
-        return len(prepared)
+
+    async def _drop_decoding(self) -> None:
+        """Forget the fetched batch not handed over yet (its messages are read again after a rewind)."""
+        dropped, self._decoding = self._decoding, None
+        if dropped is not None and dropped[1] is not None:
+            dropped[1].cancel()
+            with contextlib.suppress(BaseException):
+                await dropped[1]
 
     async def _rewind(self) -> None:
         """Seek every partition back to its stored offset: after a failed write, or a call interrupted
         (a timeout, a cancellation) between fetching a batch and handing it to the writer, the consumer
         is ahead of what the database holds, and what lies in between must be read again."""
         try:
+            await self._drop_decoding()
             await self._drain()
         finally:
             for tp in self._partitions:
@@ -455,18 +542,20 @@ class Projector:
             self._unaccounted = False
             log.info("projector %s rewound to its stored offsets %s", self._group, self.committed_offsets())
 
-    async def _prepared(self, incoming: list[Incoming]) -> list[Prepared]:
-        """Each message decoded, verified and turned into rows: in the decode workers, else right here."""
+    async def _prepared(self, incoming: list[Incoming]) -> list[PreparedChunk]:
+        """Each message decoded, verified and turned into rows by the decode workers.
+
+        A worker sends back Arrow tables and small per-message values, not the messages (reattached here).
+        """
         pool = self._pool
-        if pool is None:
-            return prepare_all(incoming)
+        assert pool is not None
         loop = asyncio.get_running_loop()
         size = -(-len(incoming) // self._decode_workers)
-        chunks = [incoming[i : i + size] for i in range(0, len(incoming), size)]
-        parts = await asyncio.gather(*(loop.run_in_executor(pool, prepare_all, chunk) for chunk in chunks))
-        return [item for part in parts for item in part]
+        parts = [incoming[i : i + size] for i in range(0, len(incoming), size)]
+        chunks = await asyncio.gather(*(loop.run_in_executor(pool, detached, [raw(m) for m in part]) for part in parts))
+        return [replace(chunk, incoming=tuple(part)) for chunk, part in zip(chunks, parts, strict=True)]
 
-    def _plan(self, prepared: list[Prepared]) -> _Batch:
+    def _plan(self, prepared: list[PreparedChunk]) -> _Batch:
         """Plan a batch against the database as it will be once the batch in flight commits.
 
         The database (read through a second connection, which sees committed data only) holds every
@@ -478,17 +567,19 @@ class Projector:
         flying = self._in_flight.plan if self._in_flight is not None else None
         overlay = flying.states if flying is not None else {}
         next_offsets = {**self._committed, **(flying.offsets if flying is not None else {})}
-        wanted = [p.run_id for p in prepared if not isinstance(p, Rejected) and p.run_id not in overlay]
+        wanted = [
+            item.run_id
+            for chunk in prepared
+            for item in chunk.items
+            if not isinstance(item, Rejected) and item.run_id not in overlay
+        ]
         stored = lookup_runs(self._reader, wanted)
         stored.update(overlay)
         seconds["lookup"] += time.perf_counter() - clock
         clock = time.perf_counter()
         plan = plan_batch(prepared, stored, projection=self._group, next_offsets=next_offsets)
-        seconds["plan"] += time.perf_counter() - clock
-        clock = time.perf_counter()
-        tables = to_arrow(plan)
-        seconds["arrow"] += time.perf_counter() - clock
-        return _Batch(prepared, stored, next_offsets, plan, tables)
+        seconds["plan"] += time.perf_counter() - clock  # rows taken from the decoded Arrow tables included
+        return _Batch(prepared, stored, next_offsets, plan, to_arrow(plan))
 
     async def _drain(self) -> bool:
         """Wait for the batch in flight; account for it, or raise what it raised.
@@ -522,8 +613,11 @@ class Projector:
         assert con is not None
         clock = time.perf_counter()
         plan = batch.plan
+        publish = self._publish if self._publisher is not None else None
         try:
-            write_batch(con, batch.tables, expected_events=plan.archived, before_commit=self._before_commit)
+            write_batch(
+                con, batch.tables, expected_events=plan.archived, before_commit=self._before_commit, publish=publish
+            )
         except EventIdConflict:
             taken = taken_event_ids(con, plan.event_ids)
             log.warning("a batch reuses %d archived event id(s); dead-lettering their messages", len(taken))
@@ -535,11 +629,26 @@ class Projector:
                 taken_event_ids=taken,
             )
             try:
-                write_batch(con, to_arrow(plan), expected_events=plan.archived, before_commit=self._before_commit)
+                write_batch(
+                    con,
+                    to_arrow(plan),
+                    expected_events=plan.archived,
+                    before_commit=self._before_commit,
+                    publish=publish,
+                )
             except EventIdConflict as exc:  # pragma: no cover - the ids were just read in this thread
                 raise DatabaseError(f"the archive changed under the projector: {exc}") from exc
         self.stats.seconds["write"] += time.perf_counter() - clock
+        if self._after_commit is not None:
+            self._after_commit(plan)
         return plan
+
+    def _publish(self, letters: list[DeadLetter]) -> None:
+        """In the writer thread, inside the batch's transaction: publish its new dead letters and wait for
+        the broker's acknowledgement (the event loop runs the producer meanwhile)."""
+        assert self._publisher is not None and self._loop is not None
+        asyncio.run_coroutine_threadsafe(self._publisher.publish(letters), self._loop).result()
+        self.stats.counts["dead_letters_published"] += len(letters)
 
     async def _in_writer(self, fn: Callable[..., Any], *args: Any) -> Any:
         assert self._executor is not None
@@ -617,11 +726,14 @@ def _exit_with_parent(parent: int) -> None:
 
 
 def default_decode_workers() -> int:
-    """Decode processes for a machine the projector has to itself: the cores beyond two (one for the
-    event loop, one for DuckDB), at most four. On two cores none: measured there (bench/projector.py),
-    one worker process was slower than decoding in the event loop (pickling rows back, and the worker
-    competing with DuckDB's threads), 14-16k against 18-20k events/s."""
-    return max(0, min(4, (os.cpu_count() or 1) - 2))
+    """Decode processes for a machine the projector has to itself: one per core, at most four (none on one
+    core). Decoding and verifying is pure Python and costs about twice DuckDB's writes; in worker
+    processes it runs beside the writer instead of taking turns with it for the GIL, and a worker sends
+    back Arrow tables, cheap to pickle. Measured on two otherwise idle cores (bench/projector.py, 200k
+    events): 23-26k events/s with none, 24k with one, 32k with two. On a machine busy with other work,
+    none or one did as well or better (14-17k events/s against 11-13k with two)."""
+    cores = os.cpu_count() or 1
+    return 0 if cores < 2 else min(4, cores)
 
 
 def tune_interpreter() -> None:
@@ -711,6 +823,7 @@ async def replay(
         batch_size=batch_size,
         decode_workers=decode_workers,
         kafka_commit_interval_s=None,
+        publish_dead_letters=False,  # the live projector published them
         on_batch=counter.update,
     ) as projector:
         ends = await log_end_offsets(bootstrap_servers, topic, projector.partitions)
@@ -733,12 +846,21 @@ def _parser() -> argparse.ArgumentParser:
         "--decode-workers",
         type=int,
         default=default_decode_workers(),
-        help="processes that decode and verify messages (0: none; default: the cores beyond two, at most 4)",
+        help="processes that decode and verify messages (0: none; default: one per core, at most 4)",
     )
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="project the topic into a database until SIGTERM / SIGINT")
     run.add_argument("--db", required=True, help="the DuckDB file (created and migrated if needed)")
     run.add_argument("--group", default=DEFAULT_GROUP, help=f"projection name / consumer group ({DEFAULT_GROUP})")
+    run.add_argument(
+        "--dead-letter-topic", help="where dead letters are also published (default: <topic>.projector.dlq)"
+    )
+    run.add_argument(
+        "--no-dead-letter-topic",
+        dest="publish_dead_letters",
+        action="store_false",
+        help="keep dead letters in the dead_letters table only",
+    )
     rebuild = sub.add_parser("replay", help="rebuild every projection from offset 0 into a fresh file")
     rebuild.add_argument("--db", required=True, help="the new DuckDB file (must not exist)")
     rebuild.add_argument("--compare", help="a live database to compare the rebuilt one with")
@@ -765,6 +887,8 @@ async def _run_command(args: argparse.Namespace) -> int:
         args.bootstrap,
         args.topic,
         group_id=args.group,
+        dead_letter_topic=args.dead_letter_topic,
+        publish_dead_letters=args.publish_dead_letters,
         batch_size=args.batch_size,
         decode_workers=args.decode_workers,
     ) as p:

@@ -1,11 +1,13 @@
 """The rows a batch of messages adds to the projections: pure functions, no database, no broker.
 
-`prepare(message)` decodes and verifies one message (`projections.decode`) and builds its rows into
-plain, picklable values (a decode worker process may run it). `plan_batch(prepared, stored,
-next_offsets)` walks a batch in log order and says what it changes: the rows to insert in each
-table, the outcome columns to update on runs stored by an earlier batch, the dead letters, and each
-partition's next offset. `stored` holds what the database already knows of the runs the batch
-mentions (`StoredRun`), so every decision that depends on earlier batches is made here, testably:
+`prepare_all(messages)` decodes and verifies consecutive messages (`projections.decode`) and builds
+every row they could add, as Arrow tables for the whole chunk, plus, per message, the few facts the
+planner judges it by (a decode worker process may run it: what it sends back is Arrow buffers and
+small values, cheap to pickle). `plan_batch(chunks, stored, next_offsets)` walks a batch in log order
+and says what it changes: which of the prepared rows to insert in each table, the outcome columns to
+update on runs stored by an earlier batch, the dead letters, and each partition's next offset.
+`stored` holds what the database already knows of the runs the batch mentions (`StoredRun`), so
+every decision that depends on earlier batches is made here, testably:
 
 - a message below the partition's stored offset was already applied: it changes nothing;
 - a run whose `run_id` is stored with the same closing hash is a redelivery or a producer retry:
@@ -15,17 +17,18 @@ mentions (`StoredRun`), so every decision that depends on earlier batches is mad
   decision was `execute`, that has no outcome yet, whose stored last hash and `seq` it extends, and
   whose decision id, tool and arguments digest it repeats; the same outcome again changes nothing.
 
-`TABLES` describes each batch table's columns and Arrow types; `to_arrow` turns a plan into Arrow
-tables that the writer inserts in bulk (`projections/sql/*.sql`).
+`TABLES` describes each batch table's columns and Arrow types; a plan holds its rows as Arrow tables
+(taken from the chunks' tables by row index, zero-copy when every row is kept), which the writer
+inserts in bulk (`projections/sql/*.sql`).
 """
 
 from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 import orjson
 import pyarrow as pa
@@ -44,18 +47,22 @@ from preflight.events import (
 from projections.decode import Incoming, Rejected, VerifiedRun, VerifiedTail, decode_incoming
 
 __all__ = [
+    "CANDIDATE_TABLES",
     "TABLES",
     "Plan",
     "Prepared",
+    "PreparedChunk",
     "PreparedRun",
     "PreparedTail",
+    "RawMessage",
     "StoredRun",
     "TableSpec",
     "archive_rows",
     "dead_letter_row",
+    "detached",
     "plan_batch",
-    "prepare",
     "prepare_all",
+    "raw",
     "rows_as_dicts",
     "run_rows",
     "to_arrow",
@@ -79,6 +86,9 @@ class TableSpec:
 
 
 _S, _I, _L, _B, _BIN = pa.string(), pa.int32(), pa.int64(), pa.bool_(), pa.binary()
+#: JSON text (Arrow's canonical JSON extension type): DuckDB takes it into a JSON column as it is, without
+#: parsing it again -- every such value is written here by orjson or the standard library.
+_J = pa.json_()
 
 ARCHIVE = TableSpec(
     "archive",
@@ -94,7 +104,7 @@ ARCHIVE = TableSpec(
         ("occurred_at", _S),
         ("hash", _S),
         ("prev_hash", _S),
-        ("event", _S),
+        ("event", _J),
         ("topic", _S),
         ("partition", _I),
         ("offset", _L),
@@ -121,7 +131,7 @@ RUNS = TableSpec(
         ("c3_provider_action_name", _S),
         ("c3_approved", _B),
         ("c3_reason", _S),
-        ("fixed_issues", _S),
+        ("fixed_issues", _J),
         ("decision", _S),
         ("reason", _S),
         ("unknown_count", _I),
@@ -141,6 +151,7 @@ RUNS = TableSpec(
         ("topic", _S),
         ("partition", _I),
         ("offset", _L),
+        ("gap_class", _S),
     ),
 )
 FIELDS = TableSpec(
@@ -152,7 +163,7 @@ FIELDS = TableSpec(
         ("action_key", _S),
         ("user_id", _S),
         ("agent_id", _S),
-        ("value", _S),
+        ("value", _J),
         ("status", _S),
         ("source", _S),
         ("origin_source", _S),
@@ -185,7 +196,7 @@ CHECKLIST = TableSpec(
         ("source", _S),
         ("note", _S),
         ("verified_at", _S),
-        ("item", _S),
+        ("item", _J),
     ),
 )
 GATES = TableSpec(
@@ -202,7 +213,7 @@ GATES = TableSpec(
         ("gap_class", _S),
         ("unknown_fields", pa.list_(_S)),
         ("unverified_items", pa.list_(_S)),
-        ("gate", _S),
+        ("gate", _J),
         ("occurred_at", _S),
     ),
 )
@@ -245,7 +256,7 @@ DEAD_LETTERS = TableSpec(
         ("offset", _L),
         ("message_key", _BIN),
         ("original", _BIN),
-        ("headers", _S),
+        ("headers", _J),
         ("timestamp_ms", _L),
         ("code", _S),
         ("reason", _S),
@@ -278,8 +289,7 @@ SUPPLIED_VIA: Final = {
 }
 
 
-@dataclass(frozen=True, slots=True)
-class StoredRun:
+class StoredRun(NamedTuple):
     """What later messages are judged against: a run as the projection holds it."""
 
     run_id: str
@@ -296,41 +306,33 @@ class StoredRun:
 
 
 #: The columns of `StoredRun`, in order, as `projections/sql/lookup_runs.sql` selects them.
-STORED_RUN_COLUMNS: Final = tuple(StoredRun.__dataclass_fields__)
+STORED_RUN_COLUMNS: Final = StoredRun._fields
 
 
-@dataclass
+#: The tables a chunk prepares candidate rows for (the rest are made by the planner).
+CANDIDATE_TABLES: Final = (ARCHIVE, RUNS, FIELDS, CHECKLIST, GATES, EXECUTIONS)
+#: The columns of `runs` an outcome changes, in `RUN_OUTCOMES` order after its run_id.
+_OUTCOME_COLUMNS: Final = ("outcome", "outcome_at", "event_count", "last_seq", "last_hash")
+
+
+@dataclass(frozen=True, slots=True)
 class RunRows:
-    """The rows one verified run adds (its `runs` row stays mutable until an outcome is merged)."""
+    """The rows one verified run adds, and the run as the projection holds it once they are written."""
 
     archive: list[tuple[Any, ...]]
-    run: dict[str, Any]
+    run: tuple[Any, ...]
     fields: list[tuple[Any, ...]]
     checklist: list[tuple[Any, ...]]
     gate: tuple[Any, ...] | None
-
-    def stored(self) -> StoredRun:
-        r = self.run
-        return StoredRun(
-            run_id=r["run_id"],
-            action_key=r["action_key"],
-            decision=r["decision"],
-            close_hash=r["close_hash"],
-            last_seq=r["last_seq"],
-            last_hash=r["last_hash"],
-            event_count=r["event_count"],
-            outcome=r["outcome"],
-            decision_id=r["decision_id"],
-            tool=r["c3_provider_action_name"],
-            arguments_digest=r["arguments_digest"],
-        )
+    state: StoredRun
 
 
 @dataclass
 class Plan:
-    """What one batch changes. `rows[table]` are tuples in `TableSpec.columns` order."""
+    """What one batch changes: `tables[name]` holds the rows to write in each batch table (`TABLES`), as an
+    Arrow table with that spec's schema; a table with nothing to write is absent."""
 
-    rows: dict[str, list[tuple[Any, ...]]]
+    tables: dict[str, pa.Table]
     offsets: dict[tuple[str, int], int]
     counts: Counter[str]
     states: dict[str, StoredRun]
@@ -338,7 +340,8 @@ class Plan:
 
     @property
     def archived(self) -> int:
-        return len(self.rows[ARCHIVE.name])
+        table = self.tables.get(ARCHIVE.name)
+        return table.num_rows if table is not None else 0
 
 
 # ---- small readers: a payload dict may hold anything, a column takes one type -----------------------
@@ -366,8 +369,9 @@ def _json(value: Any) -> str:
 # ---- rows of one run ------------------------------------------------------------------------------------
 
 
-def archive_rows(events: Sequence[Envelope], encoded: Sequence[str], incoming: Incoming) -> list[tuple[Any, ...]]:
+def archive_rows(events: Sequence[Envelope], encoded: Sequence[bytes], incoming: Incoming) -> list[tuple[Any, ...]]:
     """One `archive` row per event: envelope columns, canonical JSON, and where it was read."""
+    topic, partition, offset = incoming.topic, incoming.partition, incoming.offset
     return [
         (
             e.event_id.lower(),
@@ -382,9 +386,9 @@ def archive_rows(events: Sequence[Envelope], encoded: Sequence[str], incoming: I
             e.hash,
             e.prev_hash,
             text,
-            incoming.topic,
-            incoming.partition,
-            incoming.offset,
+            topic,
+            partition,
+            offset,
             index,
         )
         for index, (e, text) in enumerate(zip(events, encoded, strict=True))
@@ -419,7 +423,7 @@ def run_rows(run: VerifiedRun) -> RunRows:
     who = (close.action_key, close.user_id, close.agent_id)
     fixed_values = fixed.fixed if fixed is not None else {}
     closing = close.record
-    row: dict[str, Any] = {
+    values: dict[str, Any] = {
         "run_id": run.run_id,
         "action_key": close.action_key,
         "user_id": started.user_id,
@@ -457,7 +461,22 @@ def run_rows(run: VerifiedRun) -> RunRows:
         "topic": run.incoming.topic,
         "partition": run.incoming.partition,
         "offset": run.incoming.offset,
+        "gap_class": blocked.gap_class if blocked is not None else None,
     }
+    row = tuple(values[name] for name in RUNS.names)
+    state = StoredRun(
+        run_id=run.run_id,
+        action_key=close.action_key,
+        decision=close.decision,
+        close_hash=close.hash,
+        last_seq=close.seq,
+        last_hash=close.hash,
+        event_count=len(events),
+        outcome=None,
+        decision_id=values["decision_id"],
+        tool=values["c3_provider_action_name"],
+        arguments_digest=values["arguments_digest"],
+    )
     fields = [_field_row(run.run_id, index, event, who) for index, event in enumerate(field_events)]
     checklist = [_checklist_row(run.run_id, event) for event in checklist_events]
     gate = None
@@ -475,7 +494,7 @@ def run_rows(run: VerifiedRun) -> RunRows:
             _json(blocked.gate) if blocked.gate is not None else None,
             blocked.occurred_at,
         )
-    return RunRows(archive_rows(events, run.encoded, run.incoming), row, fields, checklist, gate)
+    return RunRows(archive_rows(events, run.encoded, run.incoming), row, fields, checklist, gate, state)
 
 
 def _field_row(
@@ -546,28 +565,35 @@ def dead_letter_row(rejected: Rejected) -> tuple[Any, ...]:
     )
 
 
-# ---- one message, prepared ------------------------------------------------------------------------------
+# ---- a chunk of messages, prepared ------------------------------------------------------------------
 #
-# `prepare` turns a message into plain values -- its rows, built, and what the planner judges it by --
-# so that it can run in another process and come back cheaply (pickled rows, not pydantic models).
+# `prepare_all` turns consecutive messages into their candidate rows -- Arrow tables for the whole chunk
+# -- and, per message, what the planner judges it by and where its rows are in those tables. In a decode
+# worker process, only Arrow buffers and small values travel back (`detached`): not the messages, which
+# the projector still holds, and not one Python object per row. The per-message values are named tuples
+# (StoredRun too): they pickle several times faster than dataclasses, and a chunk's worth of them is
+# what its transfer costs.
 
 
-@dataclass(frozen=True, slots=True)
-class PreparedRun:
-    """A verified run with its rows built (and its message, which the plan may still dead-letter)."""
+class PreparedRun(NamedTuple):
+    """A verified run: what the planner judges it by, and the rows it adds (spans of its chunk's tables)."""
 
-    incoming: Incoming
+    position: int  # of its message in the chunk
     run_id: str
     close_hash: str
     event_ids: tuple[str, ...]
-    rows: RunRows
+    state: StoredRun  # the run as stored once its rows are written
+    archive: tuple[int, int]  # [start, stop) in the chunk's archive table
+    run_row: int
+    fields: tuple[int, int]
+    checklist: tuple[int, int]
+    gate_row: int  # -1: the run has no gate_decisions row
 
 
-@dataclass(frozen=True, slots=True)
-class PreparedTail:
-    """A verified outcome with its rows built, and what it must match in its stored run."""
+class PreparedTail(NamedTuple):
+    """A verified outcome: what it must match in its stored run, and its two rows in the chunk's tables."""
 
-    incoming: Incoming
+    position: int  # of its message in the chunk
     run_id: str
     event_id: str
     event_type: str
@@ -578,53 +604,147 @@ class PreparedTail:
     tool_name: str
     arguments_digest: str
     timestamp: str
-    archive: tuple[Any, ...]
-    execution: tuple[Any, ...]
+    archive_row: int
+    execution_row: int
 
 
 Prepared = PreparedRun | PreparedTail | Rejected
 
 
-def prepare(incoming: Incoming) -> Prepared:
-    """Decode and verify one message (`projections.decode`) and build its rows. Pure."""
-    decoded = decode_incoming(incoming)
-    if isinstance(decoded, Rejected):
-        return decoded
-    if isinstance(decoded, VerifiedRun):
-        built = run_rows(decoded)
-        ids = tuple(e.event_id.lower() for e in decoded.events)
-        return PreparedRun(incoming, decoded.run_id, decoded.close.hash, ids, built)
-    e = decoded.event
-    return PreparedTail(
-        incoming=incoming,
-        run_id=decoded.run_id,
-        event_id=e.event_id.lower(),
-        event_type=e.event_type,
-        seq=e.seq,
-        hash=e.hash,
-        prev_hash=e.prev_hash,
-        decision_id=e.decision_id,
-        tool_name=e.tool_name,
-        arguments_digest=e.arguments_digest,
-        timestamp=e.timestamp,
-        archive=archive_rows([e], [decoded.encoded], incoming)[0],
-        execution=_execution_row(decoded),
+@dataclass(frozen=True)
+class PreparedChunk:
+    """Consecutive messages, prepared: one item per message (in order) and the candidate rows of every
+    `CANDIDATE_TABLES` table for the whole chunk. A `Rejected` item carries its own message."""
+
+    incoming: tuple[Incoming, ...]
+    items: tuple[Prepared, ...]
+    tables: dict[str, pa.Table]
+
+    def message(self, item: Prepared) -> Incoming:
+        """The message an item was prepared from."""
+        return item.incoming if isinstance(item, Rejected) else self.incoming[item.position]
+
+
+def _table(spec: TableSpec, rows: list[tuple[Any, ...]]) -> pa.Table:
+    """Rows (tuples in `spec` column order) as an Arrow table of `spec.schema`."""
+    if not rows:
+        return spec.schema.empty_table()
+    columns = zip(*rows, strict=True)
+    arrays = [_array(column, kind) for column, (_, kind) in zip(columns, spec.columns, strict=True)]
+    return pa.Table.from_arrays(arrays, schema=spec.schema)
+
+
+def _array(values: Sequence[Any], kind: Any) -> pa.Array:
+    """One column. JSON text that is UTF-8 bytes (an event as verified) is taken as it is: no decoding."""
+    if kind == _J and values and type(values[0]) is bytes:
+        return pa.ExtensionArray.from_storage(_J, pa.array(values, type=pa.binary()).view(pa.string()))
+    return pa.array(values, type=kind)
+
+
+def prepare_all(incoming: Sequence[Incoming]) -> PreparedChunk:
+    """Decode and verify each message (`projections.decode`) and build its rows. Pure."""
+    archive: list[tuple[Any, ...]] = []
+    runs: list[tuple[Any, ...]] = []
+    fields: list[tuple[Any, ...]] = []
+    checklist: list[tuple[Any, ...]] = []
+    gates: list[tuple[Any, ...]] = []
+    executions: list[tuple[Any, ...]] = []
+    items: list[Prepared] = []
+    for index, message in enumerate(incoming):
+        decoded = decode_incoming(message)
+        if isinstance(decoded, Rejected):
+            items.append(decoded)
+        elif isinstance(decoded, VerifiedRun):
+            built = run_rows(decoded)
+            a0, f0, c0 = len(archive), len(fields), len(checklist)
+            archive.extend(built.archive)
+            fields.extend(built.fields)
+            checklist.extend(built.checklist)
+            gate_row = -1
+            if built.gate is not None:
+                gate_row = len(gates)
+                gates.append(built.gate)
+            runs.append(built.run)
+            items.append(
+                PreparedRun(
+                    position=index,
+                    run_id=decoded.run_id,
+                    close_hash=decoded.close.hash,
+                    event_ids=tuple(e.event_id.lower() for e in decoded.events),
+                    state=built.state,
+                    archive=(a0, len(archive)),
+                    run_row=len(runs) - 1,
+                    fields=(f0, len(fields)),
+                    checklist=(c0, len(checklist)),
+                    gate_row=gate_row,
+                )
+            )
+        else:
+            e = decoded.event
+            archive.extend(archive_rows([e], [decoded.encoded], message))
+            executions.append(_execution_row(decoded))
+            items.append(
+                PreparedTail(
+                    position=index,
+                    run_id=decoded.run_id,
+                    event_id=e.event_id.lower(),
+                    event_type=e.event_type,
+                    seq=e.seq,
+                    hash=e.hash,
+                    prev_hash=e.prev_hash,
+                    decision_id=e.decision_id,
+                    tool_name=e.tool_name,
+                    arguments_digest=e.arguments_digest,
+                    timestamp=e.timestamp,
+                    archive_row=len(archive) - 1,
+                    execution_row=len(executions) - 1,
+                )
+            )
+    rows = {
+        ARCHIVE.name: archive,
+        RUNS.name: runs,
+        FIELDS.name: fields,
+        CHECKLIST.name: checklist,
+        GATES.name: gates,
+        EXECUTIONS.name: executions,
+    }
+    return PreparedChunk(
+        tuple(incoming), tuple(items), {spec.name: _table(spec, rows[spec.name]) for spec in CANDIDATE_TABLES}
     )
 
 
-def prepare_all(incoming: Sequence[Incoming]) -> list[Prepared]:
-    """`prepare` for each message, in order (what a decode worker process runs)."""
-    return [prepare(message) for message in incoming]
+#: A message as a decode worker receives it: `Incoming`'s fields as a plain tuple (cheaper to pickle).
+RawMessage = tuple[str, int, int, bytes | None, bytes | None, int | None, tuple[tuple[str, bytes], ...]]
+
+
+def raw(message: Incoming) -> RawMessage:
+    """`message` as the plain tuple a decode worker receives."""
+    return (
+        message.topic,
+        message.partition,
+        message.offset,
+        message.key,
+        message.value,
+        message.timestamp_ms,
+        message.headers,
+    )
+
+
+def detached(messages: Sequence[RawMessage]) -> PreparedChunk:
+    """`prepare_all` in a decode worker: from plain tuples (`raw`), and without the messages in the result
+    (the projector reattaches them with ``dataclasses.replace(chunk, incoming=...)``): their bytes need not
+    travel back."""
+    return replace(prepare_all([Incoming(*message) for message in messages]), incoming=())
 
 
 # ---- the batch --------------------------------------------------------------------------------------
 
 
-def _judge_tail(tail: PreparedTail, state: StoredRun | None) -> Rejected | str | None:
+def _judge_tail(tail: PreparedTail, incoming: Incoming, state: StoredRun | None) -> Rejected | str | None:
     """None if the outcome applies to `state`, "duplicate" if it is already applied, else the rejection."""
 
     def reject(code: str, reason: str) -> Rejected:
-        return Rejected(tail.incoming, code, reason, tail.run_id)
+        return Rejected(incoming, code, reason, tail.run_id)
 
     if state is None:
         return reject("outcome_without_run", f"{tail.event_type} for run {tail.run_id}, which has no recorded run")
@@ -673,7 +793,7 @@ def _execution_row(tail: VerifiedTail) -> tuple[Any, ...]:
 
 
 def plan_batch(
-    prepared: Iterable[Prepared],
+    chunks: Sequence[PreparedChunk],
     stored: Mapping[str, StoredRun],
     *,
     projection: str,
@@ -682,118 +802,156 @@ def plan_batch(
 ) -> Plan:
     """What a batch changes, given what the database holds (`stored`, `next_offsets`, `taken_event_ids`).
 
-    `prepared` is in log order per partition. `taken_event_ids` (lower-case) are ids the archive already
-    holds that no stored run accounts for; the writer passes them after an insert found a conflict.
-    The prepared rows are never modified: a plan copies what it changes.
+    `chunks` hold the batch in log order per partition. `taken_event_ids` (lower-case) are ids the archive
+    already holds that no stored run accounts for; the writer passes them after an insert found a
+    conflict. The chunks are never modified: a plan takes copies of the rows it keeps (or the chunks'
+    tables themselves when it keeps every row).
     """
-    rows: dict[str, list[tuple[Any, ...]]] = {spec.name: [] for spec in TABLES}
+    takes: dict[str, list[int]] = {spec.name: [] for spec in CANDIDATE_TABLES}
+    dead_letters: list[tuple[Any, ...]] = []
     offsets: dict[tuple[str, int], int] = {}
     counts: Counter[str] = Counter()
     states: dict[str, StoredRun] = {}
-    new_runs: dict[str, tuple[RunRows, dict[str, Any]]] = {}
+    new_runs: dict[str, tuple[PreparedRun, dict[str, int]]] = {}
+    merged: dict[str, tuple[Any, ...]] = {}  # outcomes of same-batch runs, by run_id
     outcome_updates: dict[str, tuple[Any, ...]] = {}
     seen_ids: set[str] = set()
     event_ids: list[str] = []
+    archive_take, executions_take = takes[ARCHIVE.name], takes[EXECUTIONS.name]
 
     def dead(rejected: Rejected) -> None:
-        rows[DEAD_LETTERS.name].append(dead_letter_row(rejected))
+        dead_letters.append(dead_letter_row(rejected))
         counts["dead_letters"] += 1
         counts[f"dead_letter:{rejected.code}"] += 1
 
     def ids_free(ids: Sequence[str]) -> bool:
-        return len(set(ids)) == len(ids) and not any(i in seen_ids or i in taken_event_ids for i in ids)
+        unique = set(ids)
+        return len(unique) == len(ids) and seen_ids.isdisjoint(unique) and taken_event_ids.isdisjoint(unique)
 
-    for item in prepared:
-        m = item.incoming
-        where = (m.topic, m.partition)
-        if m.offset < next_offsets.get(where, 0):
-            counts["redelivered"] += 1
-            continue
-        offsets[where] = max(offsets.get(where, 0), m.offset + 1)
-        counts["messages"] += 1
-        if isinstance(item, Rejected):
-            dead(item)
-            continue
-        state = states.get(item.run_id) or stored.get(item.run_id)
-
-        if isinstance(item, PreparedRun):
-            if state is not None:
-                if state.close_hash == item.close_hash:
-                    counts["duplicates"] += 1
-                else:
-                    reason = f"run {item.run_id} seen before with other content"
-                    dead(Rejected(m, "run_id_conflict", reason, item.run_id))
+    bases = {spec.name: 0 for spec in CANDIDATE_TABLES}
+    for chunk in chunks:
+        base = dict(bases)
+        for spec in CANDIDATE_TABLES:
+            bases[spec.name] += chunk.tables[spec.name].num_rows
+        for item in chunk.items:
+            m = chunk.message(item)
+            where = (m.topic, m.partition)
+            if m.offset < next_offsets.get(where, 0):
+                counts["redelivered"] += 1
                 continue
-            if not ids_free(item.event_ids):
-                dead(Rejected(m, "event_id_reused", "an event_id of this run is already archived", item.run_id))
+            offsets[where] = max(offsets.get(where, 0), m.offset + 1)
+            counts["messages"] += 1
+            if isinstance(item, Rejected):
+                dead(item)
                 continue
-            seen_ids.update(item.event_ids)
-            event_ids.extend(item.event_ids)
-            new_runs[item.run_id] = (item.rows, dict(item.rows.run))
-            states[item.run_id] = item.rows.stored()
-            counts["runs"] += 1
-            continue
+            state = states.get(item.run_id) or stored.get(item.run_id)
 
-        verdict = _judge_tail(item, state)
-        if verdict == "duplicate":
-            counts["duplicates"] += 1
-            continue
-        if isinstance(verdict, Rejected):
-            dead(verdict)
-            continue
-        assert state is not None
-        if not ids_free([item.event_id]):
-            dead(Rejected(m, "event_id_reused", "the outcome's event_id is already archived", item.run_id))
-            continue
-        seen_ids.add(item.event_id)
-        event_ids.append(item.event_id)
-        rows[ARCHIVE.name].append(item.archive)
-        rows[EXECUTIONS.name].append(item.execution)
-        outcome = "executed" if item.event_type == "executed" else "failed"
-        after = replace(
-            state, outcome=outcome, last_seq=item.seq, last_hash=item.hash, event_count=state.event_count + 1
-        )
-        states[item.run_id] = after
-        changes = {
-            "outcome": outcome,
-            "outcome_at": item.timestamp,
-            "event_count": after.event_count,
-            "last_seq": after.last_seq,
-            "last_hash": after.last_hash,
-        }
-        if item.run_id in new_runs:
-            new_runs[item.run_id][1].update(changes)
-        else:
-            outcome_updates[item.run_id] = (item.run_id, *changes.values())
-        counts["outcomes"] += 1
+            if isinstance(item, PreparedRun):
+                if state is not None:
+                    if state.close_hash == item.close_hash:
+                        counts["duplicates"] += 1
+                    else:
+                        reason = f"run {item.run_id} seen before with other content"
+                        dead(Rejected(m, "run_id_conflict", reason, item.run_id))
+                    continue
+                if not ids_free(item.event_ids):
+                    dead(Rejected(m, "event_id_reused", "an event_id of this run is already archived", item.run_id))
+                    continue
+                seen_ids.update(item.event_ids)
+                event_ids.extend(item.event_ids)
+                new_runs[item.run_id] = (item, base)
+                states[item.run_id] = item.state
+                counts["runs"] += 1
+                continue
 
-    for built, run in new_runs.values():
-        rows[ARCHIVE.name].extend(built.archive)
-        rows[RUNS.name].append(tuple(run[name] for name in RUNS.names))
-        rows[FIELDS.name].extend(built.fields)
-        rows[CHECKLIST.name].extend(built.checklist)
-        if built.gate is not None:
-            rows[GATES.name].append(built.gate)
-    rows[RUN_OUTCOMES.name].extend(outcome_updates.values())
-    rows[OFFSETS.name].extend((projection, topic, partition, nxt) for (topic, partition), nxt in offsets.items())
-    counts["events"] = len(rows[ARCHIVE.name])
-    return Plan(rows, offsets, counts, states, event_ids)
+            verdict = _judge_tail(item, m, state)
+            if verdict == "duplicate":
+                counts["duplicates"] += 1
+                continue
+            if isinstance(verdict, Rejected):
+                dead(verdict)
+                continue
+            assert state is not None
+            if not ids_free([item.event_id]):
+                dead(Rejected(m, "event_id_reused", "the outcome's event_id is already archived", item.run_id))
+                continue
+            seen_ids.add(item.event_id)
+            event_ids.append(item.event_id)
+            archive_take.append(base[ARCHIVE.name] + item.archive_row)
+            executions_take.append(base[EXECUTIONS.name] + item.execution_row)
+            outcome = "executed" if item.event_type == "executed" else "failed"
+            after = state._replace(
+                outcome=outcome, last_seq=item.seq, last_hash=item.hash, event_count=state.event_count + 1
+            )
+            states[item.run_id] = after
+            changes = (outcome, item.timestamp, after.event_count, after.last_seq, after.last_hash)
+            if item.run_id in new_runs:
+                merged[item.run_id] = changes
+            else:
+                outcome_updates[item.run_id] = (item.run_id, *changes)
+            counts["outcomes"] += 1
+
+    merged_rows: dict[int, tuple[Any, ...]] = {}
+    for run_id, (run, base) in new_runs.items():
+        takes[ARCHIVE.name].extend(range(base[ARCHIVE.name] + run.archive[0], base[ARCHIVE.name] + run.archive[1]))
+        takes[RUNS.name].append(base[RUNS.name] + run.run_row)
+        takes[FIELDS.name].extend(range(base[FIELDS.name] + run.fields[0], base[FIELDS.name] + run.fields[1]))
+        start, stop = run.checklist
+        takes[CHECKLIST.name].extend(range(base[CHECKLIST.name] + start, base[CHECKLIST.name] + stop))
+        if run.gate_row >= 0:
+            takes[GATES.name].append(base[GATES.name] + run.gate_row)
+        if run_id in merged:
+            merged_rows[base[RUNS.name] + run.run_row] = merged[run_id]
+
+    tables: dict[str, pa.Table] = {}
+    for spec in CANDIDATE_TABLES:
+        taken = _take([chunk.tables[spec.name] for chunk in chunks], takes[spec.name], bases[spec.name])
+        if taken is not None:
+            tables[spec.name] = taken
+    if merged_rows:
+        tables[RUNS.name] = _with_outcomes(tables[RUNS.name], sorted(takes[RUNS.name]), merged_rows)
+    for spec, rows in (
+        (RUN_OUTCOMES, list(outcome_updates.values())),
+        (DEAD_LETTERS, dead_letters),
+        (OFFSETS, [(projection, topic, partition, nxt) for (topic, partition), nxt in offsets.items()]),
+    ):
+        if rows:
+            tables[spec.name] = _table(spec, rows)
+    plan = Plan(tables, offsets, counts, states, event_ids)
+    counts["events"] = plan.archived
+    return plan
+
+
+def _take(parts: Sequence[pa.Table], indexes: list[int], total: int) -> pa.Table | None:
+    """The rows at `indexes` of the concatenated `parts` (`total` rows), in row order; None for none."""
+    if not indexes:
+        return None
+    whole = parts[0] if len(parts) == 1 else pa.concat_tables(parts)
+    if len(indexes) == total:  # every row is kept (indexes are distinct): no copy
+        return whole
+    indexes.sort()
+    return whole.take(pa.array(indexes, type=pa.int64()))
+
+
+def _with_outcomes(runs: pa.Table, rows: list[int], merged: Mapping[int, tuple[Any, ...]]) -> pa.Table:
+    """`runs` (the chunk rows `rows`, in that order) with the outcome columns of runs whose outcome came in
+    the same batch set from `merged` (chunk row -> the `_OUTCOME_COLUMNS` values)."""
+    positions = [(position, merged[row]) for position, row in enumerate(rows) if row in merged]
+    for column, name in enumerate(_OUTCOME_COLUMNS):
+        values = runs.column(name).to_pylist()
+        for position, changes in positions:
+            values[position] = changes[column]
+        index = runs.schema.get_field_index(name)
+        runs = runs.set_column(index, runs.schema.field(index), pa.array(values, type=runs.schema.field(index).type))
+    return runs
 
 
 def to_arrow(plan: Plan) -> dict[str, Any]:
-    """The plan's rows as Arrow tables (name -> `pyarrow.Table`), skipping empty ones."""
-    tables: dict[str, Any] = {}
-    for spec in TABLES:
-        rows = plan.rows[spec.name]
-        if not rows:
-            continue
-        columns = list(zip(*rows, strict=True))
-        arrays = [pa.array(column, type=kind) for column, (_, kind) in zip(columns, spec.columns, strict=True)]
-        tables[spec.name] = pa.Table.from_arrays(arrays, schema=spec.schema)
-    return tables
+    """The plan's tables to write (name -> `pyarrow.Table`, none of them empty)."""
+    return {name: table for name, table in plan.tables.items() if table.num_rows}
 
 
 def rows_as_dicts(plan: Plan, table: str) -> list[dict[str, Any]]:
     """A plan's rows for `table` as dicts keyed by column name (for tests and debugging)."""
-    spec = next(s for s in TABLES if s.name == table)
-    return [dict(zip(spec.names, row, strict=True)) for row in plan.rows[table]]
+    rows = plan.tables.get(table)
+    return rows.to_pylist() if rows is not None else []

@@ -25,6 +25,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
+from projections.dlq import DeadLetter
 from projections.errors import DatabaseError, MigrationError, ProjectionError
 from projections.rows import (
     ARCHIVE,
@@ -204,11 +205,15 @@ def write_batch(
     *,
     expected_events: int,
     before_commit: Callable[[], None] | None = None,
+    publish: Callable[[list[DeadLetter]], None] | None = None,
 ) -> None:
     """Write a planned batch -- every table's rows and the new read positions -- in ONE transaction.
 
-    `tables` maps batch table names (`projections.rows.TABLES`) to Arrow tables. `before_commit` is
-    called inside the transaction, after the last write (a test uses it to kill the process there).
+    `tables` maps batch table names (`projections.rows.TABLES`) to Arrow tables. `publish` is called
+    with the dead letters the table did not hold yet, inside the transaction, before the offsets are
+    written: it must return only once they are safely elsewhere (the dead-letter topic acknowledged
+    them); if it raises, nothing is written. `before_commit` is called inside the transaction, after
+    the last write (a test uses it to kill the process there).
 
     :raises EventIdConflict: the archive took fewer than `expected_events` rows (rolled back).
     :raises DatabaseError: any DuckDB failure (rolled back: nothing of the batch is written).
@@ -218,6 +223,13 @@ def write_batch(
         for spec in TABLES:
             table = tables.get(spec.name)
             if table is None:
+                continue
+            if spec is DEAD_LETTERS:
+                letters = [
+                    DeadLetter(*row) for row in _fetch_with(con, f"batch_{spec.name}", table, sql(_WRITES[spec.name]))
+                ]
+                if publish is not None and letters:
+                    publish(letters)
                 continue
             changed = _run_with(con, f"batch_{spec.name}", table, sql(_WRITES[spec.name]))
             if spec is ARCHIVE and changed != expected_events:
@@ -239,12 +251,16 @@ def write_batch(
 
 
 def _run_with(con: duckdb.DuckDBPyConnection, view: str, table: Any, statement: str) -> int:
+    rows = _fetch_with(con, view, table, statement)
+    return int(rows[0][0]) if rows else 0
+
+
+def _fetch_with(con: duckdb.DuckDBPyConnection, view: str, table: Any, statement: str) -> list[tuple[Any, ...]]:
     con.register(view, table)
     try:
-        result = con.execute(statement).fetchone()
+        return con.execute(statement).fetchall()
     finally:
         con.unregister(view)
-    return int(result[0]) if result else 0
 
 
 def load_offsets(con: duckdb.DuckDBPyConnection, projection: str, topic: str) -> dict[int, int]:

@@ -1,18 +1,13 @@
 -- gap_rates: instruction-gap vs action-definition-gap rates, and the other gap classes, by UTC day,
 -- tool (as the runtime selected it) and agent. The denominator is every run in the group, whatever
--- its decision; a run counts in at most one class (the gate that stopped it).
+-- its decision; a run counts in at most one class (the gate that stopped it, `runs.gap_class`, written
+-- with the run: no join).
 -- param from_day DATE optional: first UTC day included
 -- param to_day DATE optional: last UTC day included
 WITH
 classified AS (
-    SELECT
-        CAST(timezone('UTC', r.started_at) AS DATE) AS day,
-        r.tool,
-        r.agent_id,
-        r.decision,
-        g.gap_class
-    FROM runs AS r
-    LEFT JOIN gate_decisions AS g ON g.run_id = r.run_id
+    SELECT CAST(timezone('UTC', started_at) AS DATE) AS day, tool, agent_id, decision, gap_class
+    FROM runs
 ),
 scoped AS (
     SELECT *

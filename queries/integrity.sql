@@ -1,7 +1,8 @@
 -- integrity: findings that should never exist, one row each. An executed run with a field that has
 -- no origin or an origin of prior_state; an execution without an execute decision (projected, or
 -- refused into dead_letters); a run whose archived events do not match its closing event (count,
--- seq, hash links, last hash); archived events of no projected run. An empty result is a clean log.
+-- seq, hash links, last hash); archived events of no projected run; a value inherited from a baseline
+-- run of another action_key (tier 4 only reads the key's own). An empty result is a clean log.
 -- param action_key VARCHAR optional: only runs under this action_key
 WITH
 scope AS (
@@ -27,6 +28,13 @@ findings AS (
     JOIN field_provenance AS fp ON fp.run_id = r.run_id
     WHERE r.outcome = 'executed'
       AND (fp.status <> 'known' OR fp.origin_source IS NULL OR fp.origin_source = 'prior_state')
+    UNION ALL
+    SELECT 'baseline_of_another_key', fp.run_id, fp.action_key, fp.name,
+           'inherits ' || fp.name || ' from run ' || fp.baseline_run_id || ' of ' || coalesce(b.action_key, 'no key')
+    FROM scope AS r
+    JOIN field_provenance AS fp ON fp.run_id = r.run_id
+    JOIN runs AS b ON b.run_id = fp.baseline_run_id
+    WHERE fp.source = 'prior_state' AND b.action_key IS DISTINCT FROM fp.action_key
     UNION ALL
     SELECT 'executed_without_execute_decision', e.run_id, e.action_key, e.decision_id,
            CASE

@@ -2,14 +2,52 @@
 -- it -- the user (by answering, or in their own words at a segment and span), a pre-set value and who
 -- set it, or a system measurement. An inherited (prior_state) value is traced back through the
 -- baseline runs to the executed run that first supplied it, whose evidence it reports.
+-- The lineage stays within one action_key, as tier 4 does (a baseline is a run of the same key; one
+-- that is not is reported by `integrity` as `baseline_of_another_key`, and here as not projected): the
+-- scope is the given key, else the given run's key, and its fields and runs are read once (`scope_*`:
+-- an index lookup for a given key, a filtered scan for a run's) for every join that follows.
 -- param action_key VARCHAR optional: only runs under this action_key
 -- param run_id VARCHAR optional: only this run
 WITH RECURSIVE
+run_key AS MATERIALIZED (  -- a given run's key (none asked: none)
+    SELECT action_key FROM runs WHERE $action_key IS NULL AND run_id = $run_id
+),
+scope_fields AS MATERIALIZED (
+    SELECT run_id, field_index, name, value, status, source, origin_source, supplied_by, resolved_at,
+           segment_index, span_start, span_end, segment_origin, pre_set_origin, measured, baseline_run_id,
+           lookup_failed, pending_at_trigger, note
+    FROM field_provenance WHERE $action_key IS NOT NULL AND action_key = $action_key
+    UNION ALL
+    SELECT f.run_id, f.field_index, f.name, f.value, f.status, f.source, f.origin_source, f.supplied_by,
+           f.resolved_at, f.segment_index, f.span_start, f.span_end, f.segment_origin, f.pre_set_origin,
+           f.measured, f.baseline_run_id, f.lookup_failed, f.pending_at_trigger, f.note
+    FROM field_provenance AS f SEMI JOIN run_key AS k ON f.action_key IS NOT DISTINCT FROM k.action_key
+),
+scope_runs AS MATERIALIZED (
+    SELECT run_id, action_key, user_id, agent_id, decision, outcome, started_at, partition, "offset"
+    FROM runs WHERE $action_key IS NOT NULL AND action_key = $action_key
+    UNION ALL
+    SELECT r.run_id, r.action_key, r.user_id, r.agent_id, r.decision, r.outcome, r.started_at, r.partition, r."offset"
+    FROM runs AS r SEMI JOIN run_key AS k ON r.action_key IS NOT DISTINCT FROM k.action_key
+),
+fields AS NOT MATERIALIZED (  -- neither a key nor a run asked for: every field
+    SELECT * FROM scope_fields
+    UNION ALL
+    SELECT run_id, field_index, name, value, status, source, origin_source, supplied_by, resolved_at,
+           segment_index, span_start, span_end, segment_origin, pre_set_origin, measured, baseline_run_id,
+           lookup_failed, pending_at_trigger, note
+    FROM field_provenance WHERE $action_key IS NULL AND $run_id IS NULL
+),
+all_runs AS NOT MATERIALIZED (
+    SELECT * FROM scope_runs
+    UNION ALL
+    SELECT run_id, action_key, user_id, agent_id, decision, outcome, started_at, partition, "offset"
+    FROM runs WHERE $action_key IS NULL AND $run_id IS NULL
+),
 selected AS (
     SELECT fp.*
-    FROM field_provenance AS fp
-    WHERE ($action_key IS NULL OR fp.action_key = $action_key)
-      AND ($run_id IS NULL OR fp.run_id = $run_id)
+    FROM fields AS fp
+    WHERE $run_id IS NULL OR fp.run_id = $run_id
 ),
 lineage (for_run_id, name, run_id, depth) AS (
     SELECT run_id, name, baseline_run_id, 1
@@ -18,7 +56,7 @@ lineage (for_run_id, name, run_id, depth) AS (
     UNION ALL
     SELECT l.for_run_id, l.name, fp.baseline_run_id, l.depth + 1
     FROM lineage AS l
-    JOIN field_provenance AS fp ON fp.run_id = l.run_id AND fp.name = l.name
+    JOIN fields AS fp ON fp.run_id = l.run_id AND fp.name = l.name
     WHERE fp.source = 'prior_state' AND fp.baseline_run_id IS NOT NULL AND l.depth < 100
 ),
 origins AS (
@@ -75,8 +113,8 @@ SELECT
     s.note,
     s.resolved_at
 FROM selected AS s
-JOIN runs AS r ON r.run_id = s.run_id
+JOIN all_runs AS r ON r.run_id = s.run_id
 LEFT JOIN origins AS g ON g.run_id = s.run_id AND g.name = s.name
-LEFT JOIN field_provenance AS o ON o.run_id = g.first_run_id AND o.name = s.name
-LEFT JOIN runs AS fr ON fr.run_id = g.first_run_id
+LEFT JOIN fields AS o ON o.run_id = g.first_run_id AND o.name = s.name
+LEFT JOIN all_runs AS fr ON fr.run_id = g.first_run_id
 ORDER BY r.partition, r."offset", s.field_index;

@@ -22,6 +22,15 @@ caller's messages for a key are in causal order. Caveat: two tasks publishing *c
 same key are ordered by whichever called `send` first, and if the first one fails (e.g. its batch
 expires) the second may still succeed; each message is a whole run, so this never splits a run.
 
+Broker restarts. aiokafka retries an idempotent producer's batches for ever, except one whose partition
+has no leader when it expires (a controlled broker shutdown): that batch fails although it already
+holds a sequence number, and from then on the broker refuses every later batch of the partition as
+`OutOfOrderSequenceNumber` -- the producer would never publish again. A publish that fails that way
+(or with another error that says the producer's sequence or epoch is lost) marks the producer broken,
+and the next publish replaces it with a new one (a new producer id, sequences from 0) before sending;
+the old one is closed in the background (its pending messages get `stop_timeout_s`, then fail). The
+publish that failed is not acknowledged, as always; `tests/reliability` restarts a broker under load.
+
 This module imports aiokafka (and nothing heavier): importing `preflight` does not load it.
 """
 
@@ -35,7 +44,18 @@ from types import TracebackType
 from typing import Any, Final, Literal, Protocol, Self
 
 from aiokafka import AIOKafkaProducer
-from aiokafka.errors import BrokerResponseError, IncompatibleBrokerVersion, KafkaError, ProducerClosed
+from aiokafka.errors import (
+    BrokerResponseError,
+    IncompatibleBrokerVersion,
+    InvalidProducerEpoch,
+    KafkaError,
+    LeaderNotAvailableError,
+    NotLeaderForPartitionError,
+    OutOfOrderSequenceNumber,
+    ProducerClosed,
+    ProducerFenced,
+    UnknownProducerId,
+)
 from aiokafka.protocol.metadata import MetadataRequest
 
 from preflight.errors import ConstructionError, PreflightError, RecordingError
@@ -49,6 +69,18 @@ log = logging.getLogger(__name__)
 DEFAULT_TOPIC: Final = "preflight.events"
 
 Acks = Literal["all", -1, 1]
+
+#: Failures after which an idempotent producer's sequence numbers (or epoch) no longer match the
+#: broker's: a batch that expired while its partition had no leader (it held a sequence number), or
+#: the broker saying so. The producer is replaced before the next publish (see the module doc).
+_SEQUENCE_LOST: Final = (
+    OutOfOrderSequenceNumber,
+    UnknownProducerId,
+    InvalidProducerEpoch,
+    ProducerFenced,
+    NotLeaderForPartitionError,
+    LeaderNotAvailableError,
+)
 
 
 class PublishError(RecordingError):
@@ -217,6 +249,8 @@ class KafkaEventSink:
         self._linger_ms = linger_ms
         self._max_tracked_keys = max_tracked_keys
         self._producer: _Producer | None = None
+        self._broken: _Producer | None = None  # an idempotent producer to replace before the next send
+        self._retiring: set[asyncio.Future[None]] = set()  # replaced producers being closed
         self._idempotent = False
         self._warned_non_idempotent = False
         self._lifecycle = asyncio.Lock()
@@ -344,32 +378,64 @@ class KafkaEventSink:
         A no-op when not started. Never raises for the broker being gone.
         """
         async with self._lifecycle:
-            producer, self._producer = self._producer, None
-            if producer is None:
-                return
-            stopping = asyncio.ensure_future(producer.stop())
-            try:
-                done, _ = await asyncio.wait({stopping}, timeout=self._stop_timeout_s)
-                if not done:
-                    # Only messages whose publish already failed (or is failing) can be left: an
-                    # idempotent producer retries them for ever. Fail them so the producer can close.
-                    log.warning(
-                        "Kafka sink for %s: unacknowledged messages still pending after %g s; dropping them",
-                        self._topic,
-                        self._stop_timeout_s,
-                    )
-                    _abandon_pending(producer)
-                    done, _ = await asyncio.wait({stopping}, timeout=self._request_timeout_ms / 1000 + 1.0)
-                if not done:
-                    stopping.cancel()
-                    log.warning("Kafka sink for %s: the producer did not close in time; abandoned it", self._topic)
-                    return
-            except BaseException:
+            producer, self._producer, self._broken = self._producer, None, None
+            retiring, self._retiring = set(self._retiring), set()
+            if producer is not None:
+                await self._close(producer)
+            if retiring:
+                await asyncio.gather(*retiring, return_exceptions=True)
+
+    async def _close(self, producer: _Producer) -> None:
+        """Stop `producer`, bounded (see `stop`); never raises for the broker being gone."""
+        stopping = asyncio.ensure_future(producer.stop())
+        try:
+            done, _ = await asyncio.wait({stopping}, timeout=self._stop_timeout_s)
+            if not done:
+                # Only messages whose publish already failed (or is failing) can be left: an
+                # idempotent producer retries them for ever. Fail them so the producer can close.
+                log.warning(
+                    "Kafka sink for %s: unacknowledged messages still pending after %g s; dropping them",
+                    self._topic,
+                    self._stop_timeout_s,
+                )
+                _abandon_pending(producer)
+                done, _ = await asyncio.wait({stopping}, timeout=self._request_timeout_ms / 1000 + 1.0)
+            if not done:
                 stopping.cancel()
-                raise
-            exc = stopping.exception()
-            if exc is not None:
-                log.warning("Kafka sink for %s: error while stopping the producer: %r", self._topic, exc)
+                log.warning("Kafka sink for %s: the producer did not close in time; abandoned it", self._topic)
+                return
+        except BaseException:
+            stopping.cancel()
+            raise
+        exc = stopping.exception()
+        if exc is not None:
+            log.warning("Kafka sink for %s: error while stopping the producer: %r", self._topic, exc)
+
+    async def _usable(self, producer: _Producer) -> _Producer:
+        """`producer`, or the new idempotent producer that replaces it when its sequence is lost."""
+        if self._broken is not producer:
+            return producer
+        async with self._lifecycle:
+            current = self._producer
+            if current is None:
+                raise PublishError("the Kafka sink is not started (call start() or use `async with`)", retriable=False)
+            if self._broken is not current:
+                return current  # another publish replaced it meanwhile
+            try:
+                async with asyncio.timeout(self._delivery_timeout_s):
+                    fresh = await self._new_producer(idempotent=True)
+            except (TimeoutError, KafkaError) as exc:
+                raise PublishError(
+                    f"the idempotent producer for {self._topic} lost its sequence and no new one could be started"
+                    f" within {self._delivery_timeout_s:g} s: {exc!r}",
+                    retriable=True,
+                ) from exc
+            self._producer, self._broken = fresh, None
+            closing = asyncio.ensure_future(self._close(current))
+            self._retiring.add(closing)
+            closing.add_done_callback(self._retiring.discard)
+            log.warning("Kafka sink for %s: replaced the idempotent producer whose sequence was lost", self._topic)
+            return fresh
 
     async def __aenter__(self) -> Self:
         await self.start()
@@ -403,6 +469,7 @@ class KafkaEventSink:
             value = encode_message(events)
         except (TypeError, ValueError) as exc:
             raise PublishError(f"the events cannot be encoded: {exc}", retriable=False, key=key) from exc
+        producer = await self._usable(producer)
         partition, offset = await self._send(producer, key, value, message_headers(events))
         self._remember(key, partition, offset)
 
@@ -426,7 +493,10 @@ class KafkaEventSink:
                 key=key,
             ) from exc
         except KafkaError as exc:
-            raise PublishError(f"{where}: {exc!r}", retriable=bool(exc.retriable), key=key) from exc
+            lost = self._idempotent and isinstance(exc, _SEQUENCE_LOST)
+            if lost and self._producer is producer:
+                self._broken = producer  # the next publish replaces it
+            raise PublishError(f"{where}: {exc!r}", retriable=lost or bool(exc.retriable), key=key) from exc
         except Exception as exc:  # anything else is still "not acknowledged" (cancellation propagates)
             raise PublishError(f"{where}: {type(exc).__name__}: {exc}", retriable=False, key=key) from exc
         if acked is None or acked.offset < 0:

@@ -53,6 +53,7 @@ from projections import (
     replay,
     reset_offsets,
 )
+from projections.dlq import default_dead_letter_topic
 from projections.rows import Plan
 from tests.unit import scenario as sc
 
@@ -85,12 +86,12 @@ Messages = list[list[PreflightEvent]]
 
 @pytest.fixture
 async def topic(broker: Broker, topic_name: str) -> AsyncIterator[str]:
-    """A fresh topic with two partitions, deleted afterwards."""
+    """A fresh topic with two partitions, deleted afterwards (with the projector's dead-letter topic)."""
     await create_topics(broker.bootstrap_servers, [topic_name], partitions=PARTITIONS)
     try:
         yield topic_name
-    finally:
-        await delete_topics(broker.bootstrap_servers, [topic_name])
+    finally:  # the projector declares its dead-letter topic itself
+        await delete_topics(broker.bootstrap_servers, [topic_name, default_dead_letter_topic(topic_name)])
 
 
 @pytest.fixture

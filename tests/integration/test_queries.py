@@ -29,6 +29,7 @@ from preflight import MemoryStorage, create_preflight
 from preflight.adapters.kafka import KafkaEventSink
 from preflight.events import encode_message, seal
 from projections import open_database
+from projections.dlq import default_dead_letter_topic
 from tests.integration.test_projector import READY, ends_of, project, publish_raw
 from tests.unit import scenario as sc
 
@@ -129,7 +130,7 @@ async def _build(broker: Broker, db: Path) -> Log:
         )
         await project(broker, topic, db, ends_of(positions))
     finally:
-        await delete_topics(broker.bootstrap_servers, [topic])
+        await delete_topics(broker.bootstrap_servers, [topic, default_dead_letter_topic(topic)])
     return log
 
 
@@ -372,3 +373,27 @@ class TestIntegrity:
         finally:
             writer.close()
         assert found == finding
+
+    def test_a_baseline_of_another_key(self, projected: Log, tmp_path: Path) -> None:
+        """A3 inherits from A2; moved under another key, A2 is reported, and provenance (by key or by run: the
+        lineage stays within the key, as tier 4 does) names A2 but does not vouch for its evidence."""
+        copy = tmp_path / "moved.duckdb"
+        shutil.copy(projected.db, copy)
+        writer = duckdb.connect(str(copy))
+        try:
+            for table_name in ("runs", "field_provenance"):  # deliberate damage, for the test only
+                writer.execute(
+                    f"UPDATE {table_name} SET action_key = 'u_99:bank.transfer' WHERE run_id = $run",
+                    {"run": projected.runs["A2"]},
+                )
+            found = [r for r in queries.run(writer, "integrity").dicts() if r["finding"] == "baseline_of_another_key"]
+            by_key = queries.run(writer, "provenance", action_key="u_01:bank.transfer").dicts()
+            by_run = queries.run(writer, "provenance", run_id=projected.runs["A3"]).dicts()
+        finally:
+            writer.close()
+        assert [(r["run_id"], r["subject"]) for r in found] == [(projected.runs["A3"], "to_account")]
+        (inherited,) = [r for r in by_key if r["run_id"] == projected.runs["A3"] and r["field"] == "to_account"]
+        (same,) = [r for r in by_run if r["field"] == "to_account"]
+        assert inherited == same
+        assert (same["inherited_from_run_id"], same["first_supplied_in_run_id"]) == (projected.runs["A2"],) * 2
+        assert same["supplied_by_detail"] == "unknown: the run that first supplied it is not projected (inherited)"

@@ -279,7 +279,7 @@ def mutated_events(draw: DrawFn) -> tuple[str, dict[str, Any]]:
         doc[key] = draw(_other_type(doc[key]))
     elif how == "unknown_event_type":
         doc["event_type"] = draw(
-            st.sampled_from(["run_begun", "RUN_STARTED", "", "executed ", "admission_assessed", [real.event_type]])
+            st.sampled_from(["run_begun", "RUN_STARTED", "", "executed ", "admission_judged", [real.event_type]])
             | st.text(max_size=12).filter(lambda t: t not in EVENT_TYPES)
             | UNHASHABLE
         )

@@ -15,6 +15,7 @@ import hashlib
 import json
 import pickle
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from functools import cache
 from typing import Any
 
@@ -23,25 +24,40 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from preflight import ChainError, EventDecodeError, ExecutionRecord, MemoryStorage, create_preflight, verify_run
-from preflight.events import PreflightEvent, canonical_json, decode_event, encode_event, encode_message, seal
+from preflight import (
+    ChainError,
+    DecisionSigner,
+    EventDecodeError,
+    ExecutionRecord,
+    MemoryStorage,
+    create_preflight,
+    verify_run,
+)
+from preflight.events import (
+    ExecutionApproved,
+    PreflightEvent,
+    canonical_json,
+    decode_event,
+    encode_event,
+    encode_message,
+    seal,
+)
 from projections.decode import Incoming, Rejected, VerifiedRun, VerifiedTail, _fast_path, decode_incoming
 from projections.rows import (
-    RUNS,
     TABLES,
     Plan,
     PreparedRun,
     StoredRun,
+    detached,
     plan_batch,
-    prepare,
     prepare_all,
     rows_as_dicts,
     to_arrow,
 )
+from projections.rows import raw as raw_tuple
 from tests.unit import scenario as sc
 
 KEY = "u_01:bank.transfer"
-RUNS_OUTCOME_COLUMN = RUNS.names.index("outcome")
 READY = {"to_account": "2200119"}
 
 
@@ -103,7 +119,7 @@ async def executed() -> tuple[ExecutionRecord, PreflightEvent]:
 
 def plan(items: Sequence[Incoming], stored: dict[str, StoredRun] | None = None, **kwargs: Any) -> Plan:
     return plan_batch(
-        [prepare(m) for m in items],
+        [prepare_all(items)],
         stored or {},
         projection="p",
         next_offsets=kwargs.pop("next_offsets", {}),
@@ -131,7 +147,22 @@ class TestDecode:
         decoded = decode_incoming(message(state.run_events))
         assert isinstance(decoded, VerifiedRun)
         assert decoded.events == tuple(state.run_events)
-        assert [t.encode() for t in decoded.encoded] == [encode_event(e) for e in state.run_events]
+        assert list(decoded.encoded) == [encode_event(e) for e in state.run_events]
+
+    @pytest.mark.parametrize("signed", [False, True], ids=["unsigned", "signed"])
+    async def test_an_approved_run_takes_the_fast_path(self, signed: bool) -> None:
+        """An unsigned decision leaves `signature` out of its JSON, a signed one nests it: both are read as
+        they were written, so neither needs the slow reference path."""
+        signer = DecisionSigner.generate() if signed else None
+        pf = create_preflight(hooks=sc.hooks(), storage=MemoryStorage(), signer=signer)
+        state = await pf.run_and_record(sc.transfer(user_answers=READY))
+        (approved,) = [e for e in state.run_events if isinstance(e, ExecutionApproved)]
+        assert (approved.signature is not None) == signed
+        value = message(state.run_events).value
+        assert value is not None
+        fast = _fast_path(value)
+        assert fast is not None and fast[0] == list(state.run_events)
+        assert fast[1] == [encode_event(e) for e in state.run_events]
 
     async def test_an_outcome_is_a_tail(self) -> None:
         _, tail = await executed()
@@ -263,7 +294,7 @@ class TestDecode:
         state = await sc.decide(pf)
         decoded = decode_incoming(message(state.run_events))
         assert isinstance(decoded, VerifiedRun)
-        p = plan_batch([prepare(message(state.run_events))], {}, projection="p", next_offsets={})
+        p = plan_batch([prepare_all([message(state.run_events)])], {}, projection="p", next_offsets={})
         values = {r["name"]: r["value"] for r in rows_as_dicts(p, "field_provenance")}
         assert values["to_account"] == str(huge)
 
@@ -449,10 +480,14 @@ class TestRunRows:
         state, tail = await executed()
         p = plan([message(state.run_events), message([tail], 1), raw_message(b"nope", 2)])
         tables = to_arrow(p)
+        assert set(tables) == {"archive", "runs", "field_provenance", "checklist_results", "executions"} | {
+            "dead_letters",
+            "consumer_offsets",
+        }
         for spec in TABLES:
             if spec.name in tables:
                 assert tables[spec.name].schema == spec.schema
-                assert tables[spec.name].num_rows == len(p.rows[spec.name])
+                assert tables[spec.name].num_rows == len(rows_as_dicts(p, spec.name)) > 0
         assert "run_outcomes" not in tables  # the outcome was merged into its same-batch run
 
 
@@ -552,17 +587,45 @@ class TestOutcomes:
 
 
 class TestPrepared:
-    """What a decode worker returns: plain values, planned the same after pickling, never mutated by a plan."""
+    """What a decode worker returns: plain values and Arrow tables, planned the same after pickling, never
+    mutated by a plan; a batch of several chunks plans as one."""
 
     async def test_pickled_and_planned_twice_it_plans_the_same(self) -> None:
         state, tail = await executed()
         items = [message(state.run_events, 0), message([tail], 1), raw_message(b"junk", 2)]
-        prepared = prepare_all(items)
-        first = plan_batch(prepared, {}, projection="p", next_offsets={})
-        again = plan_batch(pickle.loads(pickle.dumps(prepared)), {}, projection="p", next_offsets={})
-        replanned = plan_batch(prepared, {}, projection="p", next_offsets={})
-        assert first.rows == again.rows == replanned.rows
-        assert first.rows["runs"][0][RUNS_OUTCOME_COLUMN] == "executed"
-        run = prepared[0]
-        assert isinstance(run, PreparedRun) and run.rows.run["outcome"] is None  # the plan merged a copy
-        assert run.incoming == items[0]  # the plan may still dead-letter it, with its original bytes
+        chunk = prepare_all(items)
+        shipped = pickle.loads(pickle.dumps(detached([raw_tuple(m) for m in items])))
+        assert shipped.incoming == ()  # the messages do not travel back
+        first = plan_batch([chunk], {}, projection="p", next_offsets={})
+        again = plan_batch([replace(shipped, incoming=tuple(items))], {}, projection="p", next_offsets={})
+        replanned = plan_batch([chunk], {}, projection="p", next_offsets={})
+        assert contents(first) == contents(again) == contents(replanned)
+        assert rows_as_dicts(first, "runs")[0]["outcome"] == "executed"
+        run = chunk.items[0]
+        assert isinstance(run, PreparedRun)
+        assert chunk.tables["runs"].column("outcome")[run.run_row].as_py() is None  # the plan merged a copy
+        assert chunk.message(run) == items[0]  # the plan may still dead-letter it, with its original bytes
+
+    async def test_a_batch_of_several_chunks(self) -> None:
+        """Rows are taken from every chunk; an outcome merges into its run from an earlier chunk."""
+        first = await asked()
+        state, tail = await executed()
+        duplicate = message(first.run_events, 2)  # a producer retry: its rows are left out
+        chunks = [
+            prepare_all([message(first.run_events, 0), message(state.run_events, 1)]),
+            prepare_all([duplicate, message([tail], 3), raw_message(b"junk", 4)]),
+        ]
+        p = plan_batch(chunks, {}, projection="p", next_offsets={})
+        assert (p.counts["runs"], p.counts["outcomes"], p.counts["duplicates"], p.archived) == (2, 1, 1, 19)
+        assert [r["offset"] for r in rows_as_dicts(p, "archive")] == [0] * 9 + [1] * 9 + [3]
+        runs = {r["decision"]: r for r in rows_as_dicts(p, "runs")}
+        assert (runs["execute"]["outcome"], runs["execute"]["event_count"]) == ("executed", 10)
+        assert runs["ask_user"]["outcome"] is None
+        assert rows_as_dicts(p, "run_outcomes") == []
+        assert [code for code, _ in dead(p)] == ["undecodable"] and p.offsets == {("events", 0): 5}
+        whole = plan([message(first.run_events, 0), message(state.run_events, 1), duplicate, message([tail], 3)])
+        assert rows_as_dicts(whole, "archive") == rows_as_dicts(p, "archive")
+
+
+def contents(p: Plan) -> dict[str, list[dict[str, Any]]]:
+    return {name: rows_as_dicts(p, name) for name in sorted(p.tables)}

@@ -1,0 +1,275 @@
+"""The HTTP read API: the named queries over the projection database, with bound parameters, read-only.
+
+``create_app(database, tokens=..., protector=...)`` builds a FastAPI app (its OpenAPI document is at
+``/openapi.json``, the interactive one at ``/docs``):
+
+* ``GET /provenance?action_key=...|run_id=...`` -- each value, where it was read and who supplied it
+  (query ``provenance``); 404 when no projected run matches;
+* ``GET /responsibility?decision_id=...|run_id=...`` -- slot by slot, who answered or blocked it
+  (query ``responsibility``); 404 when no projected run matches;
+* ``GET /gap-rates[?from_day=YYYY-MM-DD][&to_day=...]`` -- instruction-gap vs action-definition-gap
+  rates by day, tool and agent (query ``gap_rates``);
+* ``GET /integrity[?action_key=...]`` -- findings that should never exist (query ``integrity``);
+* ``GET /healthz`` -- 200 once the database opens at the current schema, else 503.
+
+Bad input is a 422 with FastAPI's usual body. Every answer is ``{"query", "params", "count", "columns",
+"rows"}``, each row an object keyed by column, values as JSON (field values decoded from their JSON).
+
+Who may call what: every route but ``/healthz`` (and the OpenAPI pages) needs ``Authorization: Bearer
+<token>``; the token's role comes from the settings (`preflight_audit.access.TokenTable`). No token or
+an unknown one is a 401 with ``WWW-Authenticate: Bearer``; a role the route does not admit a 403.
+Provenance and responsibility admit ``compliance`` and ``analyst`` and answer each in its view
+(`preflight_audit.access`): compliance gets values opened with the key store (``"erased"`` after an
+erasure), an analyst never gets a value -- a sealed one becomes its keyed token, a plaintext one a
+marker without a token. Gap rates admit both roles; integrity findings only ``compliance``.
+
+The database is opened once, lazily, and each request reads through its own cursor. Opened read-only
+(the default) nothing else may write the file meanwhile (DuckDB); `serve` runs the API in the
+projector's process instead, opened like the projector so that both share one database instance and
+the API reads what each committed batch wrote.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+import duckdb
+from fastapi import Depends, FastAPI, HTTPException, Query, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel, Field
+
+import queries
+from preflight.protect import ValueProtector
+from preflight_audit import report
+from preflight_audit.access import PROTECTION_COLUMN, ROLES, TokenTable, analyst_rows, compliance_rows
+from projections import ProjectionError, migrations, open_database
+
+__all__ = ["ROLES", "Caller", "QueryAnswer", "caller", "create_app", "requires"]
+
+_MAX_ID = 256
+_BEARER = HTTPBearer(auto_error=False, description="a token from PREFLIGHT_API_TOKENS (role compliance or analyst)")
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who is asking, and the roles they hold."""
+
+    name: str
+    roles: frozenset[str]
+
+
+def _unauthorized(detail: str, error: str | None = None) -> HTTPException:
+    challenge = "Bearer" if error is None else f'Bearer error="{error}"'
+    return HTTPException(status_code=401, detail=detail, headers={"WWW-Authenticate": challenge})
+
+
+def caller(request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_BEARER)]) -> Caller:
+    """The caller of a request, by its bearer token (401 without one, or with one nobody configured)."""
+    tokens: TokenTable = request.app.state.tokens
+    if credentials is None or credentials.scheme.lower() != "bearer" or not credentials.credentials:
+        raise _unauthorized("this needs a bearer token (Authorization: Bearer <token>)")
+    role = tokens.role_of(credentials.credentials)
+    if role is None:
+        raise _unauthorized("the bearer token is not one this API knows", "invalid_token")
+    return Caller(role, frozenset({role}))
+
+
+def requires(*roles: str) -> Callable[[Caller], Caller]:
+    """A route dependency admitting only callers who hold one of `roles` (403 otherwise)."""
+    unknown = [r for r in roles if r not in ROLES]
+    if unknown or not roles:
+        raise ValueError(f"unknown role(s) {unknown}; roles are {sorted(ROLES)}")
+
+    def admitted(who: Annotated[Caller, Depends(caller)]) -> Caller:
+        if not who.roles & set(roles):
+            raise HTTPException(status_code=403, detail=f"this needs the {' or '.join(roles)} role")
+        return who
+
+    admitted.__name__ = "requires_" + "_or_".join(roles)
+    return admitted
+
+
+class QueryAnswer(BaseModel):
+    """A named query's answer."""
+
+    query: str = Field(description="the named query that answered (queries/<name>.sql)")
+    params: dict[str, str | None] = Field(description="the parameters it was run with")
+    count: int = Field(description="how many rows")
+    columns: list[str] = Field(description="the column names, in order")
+    rows: list[dict[str, Any]] = Field(description="one object per row, keyed by column")
+
+
+class Health(BaseModel):
+    status: str
+    database: str
+    migrations: int = Field(description="the schema migrations the database is at")
+
+
+class _Database:
+    """The projection database, opened on first use; a cursor per request."""
+
+    def __init__(self, path: Path, read_only: bool) -> None:
+        self.path = path
+        self.read_only = read_only
+        self._con: duckdb.DuckDBPyConnection | None = None
+        self._lock = threading.Lock()
+
+    def cursor(self) -> duckdb.DuckDBPyConnection:
+        with self._lock:
+            if self._con is None:
+                if self.read_only and not self.path.is_file():
+                    raise HTTPException(status_code=503, detail=f"no projection database at {self.path} yet")
+                try:
+                    self._con = open_database(self.path, read_only=self.read_only)
+                except ProjectionError as exc:
+                    raise HTTPException(status_code=503, detail=f"projection database unavailable: {exc}") from exc
+            return self._con.cursor()
+
+    def close(self) -> None:
+        with self._lock:
+            con, self._con = self._con, None
+            if con is not None:
+                con.close()
+
+
+def connection(request: Request) -> Iterator[duckdb.DuckDBPyConnection]:
+    """A cursor on the app's database for one request."""
+    database: _Database = request.app.state.database
+    cursor = database.cursor()
+    try:
+        yield cursor
+    finally:
+        cursor.close()
+
+
+Connection = Annotated[duckdb.DuckDBPyConnection, Depends(connection)]
+AnId = Annotated[str | None, Query(min_length=1, max_length=_MAX_ID)]
+Compliance = Annotated[Caller, Depends(requires("compliance"))]
+Reader = Annotated[Caller, Depends(requires("compliance", "analyst"))]
+
+
+def _answer(
+    con: duckdb.DuckDBPyConnection,
+    name: str,
+    params: dict[str, Any],
+    who: Caller,
+    protector: ValueProtector | None,
+) -> QueryAnswer:
+    try:
+        result = queries.run(con, name, **params)
+    except queries.QueryParameterError as exc:
+        raise HTTPException(status_code=422, detail=str(exc)) from exc
+    except ProjectionError as exc:
+        raise HTTPException(status_code=503, detail=f"the query could not run: {exc}") from exc
+    raw = report.json_rows(name, result)
+    # Every answer goes through a view: the analyst's unless the caller holds the compliance role.
+    rows = compliance_rows(name, raw, protector) if "compliance" in who.roles else analyst_rows(name, raw)
+    columns = list(result.columns)
+    if rows and PROTECTION_COLUMN in rows[0] and PROTECTION_COLUMN not in columns:
+        columns.append(PROTECTION_COLUMN)
+    shown = {k: (v.isoformat() if isinstance(v, dt.date) else v) for k, v in params.items()}
+    return QueryAnswer(query=name, params=shown, count=len(rows), columns=columns, rows=rows)
+
+
+def _one_of(**given: str | None) -> dict[str, str | None]:
+    if all(v is None for v in given.values()):
+        names = " or ".join(given)
+        raise HTTPException(status_code=422, detail=f"give {names}")
+    return given
+
+
+def create_app(
+    database: str | Path,
+    *,
+    read_only: bool = True,
+    tokens: TokenTable | None = None,
+    protector: ValueProtector | None = None,
+) -> FastAPI:
+    """The read API over the projection database at `database` (see the module doc). `tokens`: who may
+    call it (None or empty: nobody but ``/healthz``); `protector`: opens values for compliance (None:
+    sealed values answer ``"unreadable"``)."""
+    db = _Database(Path(database), read_only)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            db.close()
+
+    app = FastAPI(
+        title="preflight-audit read API",
+        version="0.1.0",
+        summary="Provenance, responsibility and gap rates from the preflight audit projections.",
+        lifespan=lifespan,
+    )
+    app.state.database = db
+    app.state.tokens = tokens if tokens is not None else TokenTable(())
+
+    @app.get("/healthz", response_model=Health, tags=["operations"])
+    def healthz(con: Connection) -> Health:
+        """200 once the projection database opens at the current schema (503 otherwise)."""
+        return Health(status="ok", database=str(db.path), migrations=len(migrations()))
+
+    @app.get("/provenance", response_model=QueryAnswer, tags=["compliance", "analyst"])
+    def provenance(
+        con: Connection,
+        who: Reader,
+        action_key: AnId = None,
+        run_id: AnId = None,
+    ) -> QueryAnswer:
+        """Each field's value, where the run read it and who supplied it, for an action_key or a run
+        (an inherited value traced to the executed run that first supplied it). Compliance: values
+        opened; analyst: tokens and markers, never a value."""
+        params = _one_of(action_key=action_key, run_id=run_id)
+        answer = _answer(con, "provenance", params, who, protector)
+        if not answer.count:
+            raise HTTPException(status_code=404, detail=f"no projected run with {_described(params)}")
+        return answer
+
+    @app.get("/responsibility", response_model=QueryAnswer, tags=["compliance", "analyst"])
+    def responsibility(
+        con: Connection,
+        who: Reader,
+        decision_id: AnId = None,
+        run_id: AnId = None,
+    ) -> QueryAnswer:
+        """Slot by slot, which party answered or blocked it and which gate decided, for an execute
+        decision or a run. Compliance: values opened; analyst: tokens and markers, never a value."""
+        params = _one_of(decision_id=decision_id, run_id=run_id)
+        answer = _answer(con, "responsibility", params, who, protector)
+        if not answer.count:
+            raise HTTPException(status_code=404, detail=f"no projected run with {_described(params)}")
+        return answer
+
+    @app.get("/gap-rates", response_model=QueryAnswer, tags=["compliance", "analyst"])
+    def gap_rates(
+        con: Connection,
+        who: Reader,
+        from_day: Annotated[dt.date | None, Query(description="first UTC day included")] = None,
+        to_day: Annotated[dt.date | None, Query(description="last UTC day included")] = None,
+    ) -> QueryAnswer:
+        """Instruction-gap vs action-definition-gap rates (and the other gap classes) by UTC day, tool
+        and agent; the denominator is every run in the group."""
+        if from_day is not None and to_day is not None and from_day > to_day:
+            raise HTTPException(status_code=422, detail=f"from_day {from_day} is after to_day {to_day}")
+        return _answer(con, "gap_rates", {"from_day": from_day, "to_day": to_day}, who, protector)
+
+    @app.get("/integrity", response_model=QueryAnswer, tags=["compliance"])
+    def integrity(con: Connection, who: Compliance, action_key: AnId = None) -> QueryAnswer:
+        """Findings that should never exist (an executed field without origin, an outcome without an
+        execute decision, a broken run chain, ...), for every run or one action_key. An empty answer is
+        a clean log."""
+        return _answer(con, "integrity", {"action_key": action_key}, who, protector)
+
+    return app
+
+
+def _described(params: dict[str, str | None]) -> str:
+    return " and ".join(f"{k}={v!r}" for k, v in params.items() if v is not None)

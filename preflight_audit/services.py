@@ -1,0 +1,135 @@
+"""What `serve` and `demo` start, and how they are stopped: topics, the fold worker, the projector, signals.
+
+Each piece is started by its owner and stopped in a ``finally`` (the broker by its ``with`` block, the
+worker by `WorkerProcess.stop`, the projector by `Projector.stop`), so an error or Ctrl-C anywhere
+stops everything started so far. SIGTERM is turned into the same interruption as Ctrl-C while a
+command runs (`interruptible`), so ``kill`` never leaves a broker or a worker behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import socket
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any
+
+from infra.brokers import create_topics, delete_topics
+from preflight_audit.errors import ServiceError
+from preflight_audit.settings import Settings
+from projections import Projector, ProjectorStats
+from streams.settings import WorkerSettings
+
+__all__ = [
+    "Topics",
+    "create_worker_topics",
+    "delete_worker_topics",
+    "free_port",
+    "interruptible",
+    "wait_projected",
+    "worker_settings",
+]
+
+
+@dataclass(frozen=True)
+class Topics:
+    """The topic names one deployment (or one demo) uses, and the fold worker's app id."""
+
+    events: str
+    dlq: str
+    app_id: str
+    partitions: int
+
+    @classmethod
+    def of(cls, settings: Settings, suffix: str = "") -> Topics:
+        """The configured names, each with `suffix` appended (a demo on a shared broker uses fresh ones)."""
+        return cls(
+            events=settings.events_topic + suffix,
+            dlq=settings.dlq_topic + suffix,
+            app_id=settings.app_id + suffix,
+            partitions=settings.events_partitions,
+        )
+
+
+async def create_worker_topics(worker: WorkerSettings) -> None:
+    """Create the worker's topics explicitly (idempotent): the events topic and the table's changelog with
+    the same partition count, the dead-letter topic with one."""
+    bootstrap = worker.bootstrap_servers
+    await create_topics(bootstrap, [worker.events_topic, worker.changelog_topic], worker.partitions)
+    await create_topics(bootstrap, [worker.dlq_topic], 1)
+
+
+async def delete_worker_topics(worker: WorkerSettings) -> None:
+    await delete_topics(worker.bootstrap_servers, [worker.events_topic, worker.changelog_topic, worker.dlq_topic])
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port on `host` that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def worker_settings(settings: Settings, bootstrap: str, topics: Topics, **overrides: Any) -> WorkerSettings:
+    """The fold worker's settings for `topics` on `bootstrap`."""
+    return settings.worker_settings(
+        bootstrap,
+        events_topic=topics.events,
+        dlq_topic=topics.dlq,
+        app_id=topics.app_id,
+        partitions=topics.partitions,
+        **overrides,
+    )
+
+
+async def wait_projected(
+    projector: Projector,
+    ends: Mapping[int, int],
+    progressed: asyncio.Event,
+    running: asyncio.Task[ProjectorStats],
+    timeout_s: float,
+) -> None:
+    """Wait until the projector (running as `running`) has committed every partition up to `ends`.
+
+    Woken by each committed batch (`progressed`, set by the projector's ``on_batch``); bounded.
+
+    :raises ServiceError: when the projector stopped or did not get there within `timeout_s`.
+    """
+
+    def reached() -> bool:
+        committed = projector.committed_offsets()
+        return all(committed.get(p, 0) >= end for p, end in ends.items() if end > 0)
+
+    try:
+        async with asyncio.timeout(timeout_s):
+            while not reached():
+                if running.done():
+                    running.result()  # raises what stopped it
+                    raise ServiceError("the projector stopped before it reached the end of the log")
+                progressed.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(progressed.wait(), 1.0)
+    except TimeoutError:
+        raise ServiceError(
+            f"the projector did not reach {dict(ends)} within {timeout_s:g} s (committed:"
+            f" {projector.committed_offsets()})"
+        ) from None
+
+
+@contextlib.contextmanager
+def interruptible() -> Iterator[None]:
+    """While the block runs, SIGTERM interrupts it as Ctrl-C does (KeyboardInterrupt), so that every
+    ``finally`` stops what it started. The previous handler is restored afterwards."""
+
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
