@@ -465,6 +465,10 @@ def authenticate(row: StoredDigest, keys: Mapping[str, VerifyKey]) -> tuple[Dige
         signature = base64.b64decode(row.signature, validate=True)
     except (binascii.Error, ValueError):
         return body, "signature is not base64"
+    if base64.b64encode(signature).decode("ascii") != row.signature:
+        # Base64's last character carries unused bits: an edit there decodes to the same signature.
+        # Only the one canonical text of a signature is accepted, so every edit of the row is seen.
+        return body, "signature is not in canonical base64"
     if not key.verify(signature, row.body.encode("utf-8")):
         return body, "signature does not verify"
     if hashlib.sha256(row.entries).hexdigest() != body.span_hash:

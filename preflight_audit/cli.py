@@ -13,6 +13,7 @@ import asyncio
 import datetime as dt
 import functools
 import signal
+import sys
 import traceback
 from collections.abc import Callable, Sequence
 from enum import StrEnum
@@ -117,6 +118,10 @@ def _reported(fn: Callable[P, R]) -> Callable[P, R]:
         except Exception as exc:
             if debug:
                 traceback.print_exc()
+            services = sys.modules.get("preflight_audit.services")  # loaded by every command that handles SIGTERM
+            if services is not None and services.TERMINATED.is_set():  # a library wrapped our KeyboardInterrupt
+                err = Interrupted("interrupted: everything that was started is stopped")
+                raise _fail(str(err), err.exit_code) from None
             known = translate(exc)
             if known is None:
                 raise _fail(

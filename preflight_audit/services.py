@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import signal
 import socket
+import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from types import FrameType
@@ -120,12 +121,18 @@ async def wait_projected(
         ) from None
 
 
+#: Set once SIGTERM has interrupted this process: a library may wrap the KeyboardInterrupt it raised (DuckDB
+#: reports it as an "Invalid Input Error"), and the command must still report an interruption.
+TERMINATED = threading.Event()
+
+
 @contextlib.contextmanager
 def interruptible() -> Iterator[None]:
     """While the block runs, SIGTERM interrupts it as Ctrl-C does (KeyboardInterrupt), so that every
     ``finally`` stops what it started. The previous handler is restored afterwards."""
 
     def interrupt(signum: int, frame: FrameType | None) -> None:
+        TERMINATED.set()
         raise KeyboardInterrupt(f"signal {signum}")
 
     previous = signal.signal(signal.SIGTERM, interrupt)
