@@ -7,17 +7,18 @@ stored offset (offset 0 when none is stored). Kafka's committed offsets are writ
 courtesy for lag monitors (`kafka_commit_interval_s`) and are never read back.
 
 Per batch (`getmany`, up to `batch_size` messages): decode and verify every message and build its
-rows (pure: `projections.rows.prepare`, in the event loop or in `decode_workers` processes), look up
-the stored runs the batch mentions through a second connection (it sees committed data), and plan (pure:
-`projections.rows.plan_batch`) against the database as it will be once the batch in flight commits;
-then hand the plan to the one writer thread, which writes its rows and the new offsets in one
-transaction (`projections.store.write_batch`). While it does, the event loop fetches, decodes and
-plans the next batch.
+rows as Arrow tables (pure: `projections.rows.prepare_all`, in `decode_workers` processes or in the
+event loop), look up the stored runs the batch mentions through a second connection (it sees
+committed data), and plan (pure: `projections.rows.plan_batch`) against the database as it will be
+once the batch in flight commits; then hand the plan to the one writer thread, which writes its rows,
+publishes its new dead letters (`projections.dlq`, acknowledged before COMMIT) and writes the new
+offsets in one transaction (`projections.store.write_batch`). While it does, the event loop plans the
+next batch and the decode workers decode the one after it.
 
 A crash anywhere loses at most the uncommitted batch, which is read again from the stored offsets;
 a redelivered message or run changes nothing (offsets, then closing hash, then event_id). A message
-that cannot be projected becomes a row in `dead_letters`; it never stops the projector and never
-leaves an offset unaccounted for.
+that cannot be projected becomes a row in `dead_letters` and a record on the dead-letter topic (at
+least once); it never stops the projector and never leaves an offset unaccounted for.
 
 `run_until(end_offsets)` projects up to given offsets (tests, demo, replay); `run_forever(stop)` until
 an event is set; `replay(path, ...)` rebuilds every projection from offset 0 into a fresh file, and
@@ -40,6 +41,7 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import TracebackType
@@ -552,7 +554,15 @@ class Projector:
         loop = asyncio.get_running_loop()
         size = -(-len(incoming) // self._decode_workers)
         parts = [incoming[i : i + size] for i in range(0, len(incoming), size)]
-        chunks = await asyncio.gather(*(loop.run_in_executor(pool, detached, [raw(m) for m in part]) for part in parts))
+        try:
+            chunks = await asyncio.gather(
+                *(loop.run_in_executor(pool, detached, [raw(m) for m in part]) for part in parts)
+            )
+        except BrokenProcessPool:
+            # A decode worker died (e.g. the signal that stops this projector reached its process group
+            # first): decode here, so that the batch in hand is still written before the projector stops.
+            log.warning("the decode workers are gone; decoding %d messages in the event loop", len(incoming))
+            return [prepare_all(incoming)]
         return [replace(chunk, incoming=tuple(part)) for chunk, part in zip(chunks, parts, strict=True)]
 
     def _plan(self, prepared: list[PreparedChunk]) -> _Batch:

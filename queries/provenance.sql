@@ -4,45 +4,34 @@
 -- baseline runs to the executed run that first supplied it, whose evidence it reports.
 -- The lineage stays within one action_key, as tier 4 does (a baseline is a run of the same key; one
 -- that is not is reported by `integrity` as `baseline_of_another_key`, and here as not projected): the
--- scope is the given key, else the given run's key, and its fields and runs are read once (`scope_*`:
--- an index lookup for a given key, a filtered scan for a run's) for every join that follows.
+-- fields and runs of the given key (an index lookup), else of the given run's key (a filtered scan),
+-- else all of them, are read once (`fields`, `all_runs`) for every join that follows.
 -- param action_key VARCHAR optional: only runs under this action_key
 -- param run_id VARCHAR optional: only this run
 WITH RECURSIVE
 run_key AS MATERIALIZED (  -- a given run's key (none asked: none)
     SELECT action_key FROM runs WHERE $action_key IS NULL AND run_id = $run_id
 ),
-scope_fields AS MATERIALIZED (
+fields AS MATERIALIZED (
     SELECT run_id, field_index, name, value, status, source, origin_source, supplied_by, resolved_at,
            segment_index, span_start, span_end, segment_origin, pre_set_origin, measured, baseline_run_id,
            lookup_failed, pending_at_trigger, note
-    FROM field_provenance WHERE $action_key IS NOT NULL AND action_key = $action_key
+    FROM field_provenance
+    WHERE ($action_key IS NOT NULL AND action_key = $action_key) OR ($action_key IS NULL AND $run_id IS NULL)
     UNION ALL
     SELECT f.run_id, f.field_index, f.name, f.value, f.status, f.source, f.origin_source, f.supplied_by,
            f.resolved_at, f.segment_index, f.span_start, f.span_end, f.segment_origin, f.pre_set_origin,
            f.measured, f.baseline_run_id, f.lookup_failed, f.pending_at_trigger, f.note
     FROM field_provenance AS f SEMI JOIN run_key AS k ON f.action_key IS NOT DISTINCT FROM k.action_key
 ),
-scope_runs AS MATERIALIZED (
+all_runs AS MATERIALIZED (
     SELECT run_id, action_key, user_id, agent_id, decision, outcome, started_at, partition, "offset"
-    FROM runs WHERE $action_key IS NOT NULL AND action_key = $action_key
+    FROM runs
+    WHERE ($action_key IS NOT NULL AND action_key = $action_key) OR ($action_key IS NULL AND $run_id IS NULL)
     UNION ALL
-    SELECT r.run_id, r.action_key, r.user_id, r.agent_id, r.decision, r.outcome, r.started_at, r.partition, r."offset"
+    SELECT r.run_id, r.action_key, r.user_id, r.agent_id, r.decision, r.outcome, r.started_at, r.partition,
+           r."offset"
     FROM runs AS r SEMI JOIN run_key AS k ON r.action_key IS NOT DISTINCT FROM k.action_key
-),
-fields AS NOT MATERIALIZED (  -- neither a key nor a run asked for: every field
-    SELECT * FROM scope_fields
-    UNION ALL
-    SELECT run_id, field_index, name, value, status, source, origin_source, supplied_by, resolved_at,
-           segment_index, span_start, span_end, segment_origin, pre_set_origin, measured, baseline_run_id,
-           lookup_failed, pending_at_trigger, note
-    FROM field_provenance WHERE $action_key IS NULL AND $run_id IS NULL
-),
-all_runs AS NOT MATERIALIZED (
-    SELECT * FROM scope_runs
-    UNION ALL
-    SELECT run_id, action_key, user_id, agent_id, decision, outcome, started_at, partition, "offset"
-    FROM runs WHERE $action_key IS NULL AND $run_id IS NULL
 ),
 selected AS (
     SELECT fp.*
