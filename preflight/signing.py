@@ -33,7 +33,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -51,6 +51,7 @@ __all__ = [
     "DecisionVerifier",
     "ReplayCache",
     "SignedDecision",
+    "decision_validity",
     "format_time",
     "key_id_of",
     "parse_time",
@@ -95,6 +96,25 @@ def parse_time(text: str) -> datetime | None:
     except (TypeError, ValueError):
         return None
     return moment if moment.tzinfo is not None else None
+
+
+#: What makes a decision invalid at an instant (`decision_validity`).
+Invalidity = Literal["malformed", "not_yet_valid", "expired"]
+
+
+def decision_validity(
+    issued_at: str, expires_at: str, at: datetime, leeway: timedelta = timedelta(0)
+) -> tuple[Invalidity, str] | None:
+    """None if a decision issued at `issued_at` and expiring at `expires_at` (its signed text) is valid at
+    the instant `at`, with `leeway` of clock skew either side; else what is wrong and why, in words."""
+    issued, expires = parse_time(issued_at), parse_time(expires_at)
+    if issued is None or expires is None or expires <= issued:
+        return "malformed", "the decision's validity period is malformed"
+    if at + leeway < issued:
+        return "not_yet_valid", f"the decision is not valid before {issued_at}"
+    if at - leeway >= expires:
+        return "expired", f"the decision expired at {expires_at}"
+    return None
 
 
 def _b64(data: bytes) -> str:
@@ -376,14 +396,8 @@ class DecisionVerifier:
 
     def check_times(self, decision: SignedDecision, at: datetime) -> str | None:
         """None if `decision` is valid at the instant `at` (leeway applied), else why not."""
-        issued, expires = parse_time(decision.issued_at), parse_time(decision.expires_at)
-        if issued is None or expires is None or expires <= issued:
-            return "the decision's validity period is malformed"
-        if at + self.leeway < issued:
-            return f"the decision is not valid before {decision.issued_at}"
-        if at - self.leeway >= expires:
-            return f"the decision expired at {decision.expires_at}"
-        return None
+        problem = decision_validity(decision.issued_at, decision.expires_at, at, self.leeway)
+        return problem[1] if problem is not None else None
 
     def check(self, decision: SignedDecision, *, now: datetime | None = None) -> str | None:
         """Signature, then validity now (or at `now`); None if the decision may be acted on."""

@@ -327,9 +327,10 @@ def replay(
 ) -> None:
     """Rebuild every projection from offset 0 into a fresh database, then compare it with the live one.
 
-    Shows a progress bar; exits 1 when the two differ. Needs the broker that holds the log:
-    PREFLIGHT_BROKER=host:port.
+    Shows a progress bar; exits 1 when the two differ. Outcomes are judged with the decision keys `serve`'s
+    projector trusts. Needs the broker that holds the log: PREFLIGHT_BROKER=host:port.
     """
+    from preflight_audit.services import deployment_trust
     from projections import compare_projections
     from projections import replay as rebuild
 
@@ -342,8 +343,11 @@ def replay(
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S")
     target = into or settings.database.with_name(f"{settings.database.stem}.replay-{stamp}.duckdb")
     target.parent.mkdir(parents=True, exist_ok=True)
+    trust = deployment_trust(settings)  # the decision keys `serve`'s projector trusts
     with settings.open_broker() as broker:
-        stats = asyncio.run(rebuild(target, broker.bootstrap_servers, settings.events_topic, timeout_s=timeout))
+        stats = asyncio.run(
+            rebuild(target, broker.bootstrap_servers, settings.events_topic, timeout_s=timeout, decision_trust=trust)
+        )
     _out().print(f"replayed {settings.events_topic} into {target}: {stats}")
     if compare and settings.database.is_file():
         comparison = compare_projections(settings.database, target)

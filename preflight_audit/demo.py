@@ -13,11 +13,11 @@ Ctrl-C/SIGTERM.
 
 Every engine runs as SPEC §3 asks of a deployment: values sealed per user (a `FileKeyStore` under
 ``--out/keys/values``), every `execute` decision signed (a key generated into ``--out/keys``, whose
-public key the worker is started with, so it folds only signed outcomes), and -- in the approval cases
-(`scenarios.approval_sessions`) -- ``require_approval=True``: a read-only tool passes, a write waits for
-an active approval of its scope. At the end the archive gets a signed digest chain and is verified
-(`ledger`), then one user is erased (crypto-shredding): compliance now reads their values as
-"erased", the archive still verifies, and a byte search of the database file finds none of their
+public key the worker and the projector are started with, so both count only signed outcomes), and --
+in the approval cases (`scenarios.approval_sessions`) -- ``require_approval=True``: a read-only tool
+passes, a write waits for an active approval of its scope. At the end the archive gets a signed digest
+chain and is verified (`ledger`), then one user is erased (crypto-shredding): compliance now reads their
+values as "erased", the archive still verifies, and a byte search of the database file finds none of their
 plaintext values.
 
 Every seed case is checked as it is played: a case that does not decide as the seed says fails the
@@ -73,6 +73,7 @@ from preflight_audit.scenarios import (
 from preflight_audit.services import (
     Topics,
     create_worker_topics,
+    decision_trust,
     delete_worker_topics,
     free_port,
     wait_projected,
@@ -207,6 +208,7 @@ async def _with_worker(
         group_id=settings.projection,
         kafka_commit_interval_s=None,
         on_batch=lambda plan: progressed.set(),
+        decision_trust=decision_trust(settings, signing.public_path),  # it checks them as the worker does
     )
     await projector.start()
     console.print(f"  projector  in this process, into {result.database}")
@@ -218,7 +220,7 @@ async def _with_worker(
         console.print("  the worker is ready")
         console.print(
             f"  keys       values sealed per user in {result.out / 'keys' / 'values'}; decisions signed by"
-            f" {signing.key_id} (the worker checks them)\n",
+            f" {signing.key_id} (the worker and the projector check them)\n",
             soft_wrap=True,
         )
         # Tansu refuses idempotent producers (SPEC §7): do not ask it, and do not warn about it.

@@ -7,8 +7,9 @@ topic with `preflight.adapters.kafka.KafkaEventSink` and read tier 4 from the wo
 ``/baseline/{action_key}`` with `preflight.adapters.baseline.BaselineStorage`.
 
 Keys: the decision signing key (``PREFLIGHT_DECISION_KEY``, else ``<data_dir>/decision.key``, created on
-first use) -- the worker is started with its public key and folds only outcomes of decisions signed by
-it, so agents sign with it (``DecisionSigner.from_pem_file``); the API opens values for compliance with
+first use) -- the worker and the projector are given its public key (and any others the settings name,
+``PREFLIGHT_DECISION_PUBLIC_KEYS``) and count only outcomes of decisions signed by one of them, so
+agents sign with it (``DecisionSigner.from_pem_file``); the API opens values for compliance with
 the key store in ``PREFLIGHT_KEY_DIR`` and admits the bearer tokens of ``PREFLIGHT_API_TOKENS`` /
 ``PREFLIGHT_API_TOKENS_FILE`` (with none, it answers only ``/healthz``).
 """
@@ -28,7 +29,7 @@ from preflight_audit.access import TokenTable, parse_tokens
 from preflight_audit.api import create_app
 from preflight_audit.errors import ServiceError
 from preflight_audit.keys import DecisionKey, protector, settings_decision_key
-from preflight_audit.services import create_worker_topics
+from preflight_audit.services import create_worker_topics, decision_trust
 from preflight_audit.settings import Settings
 from projections import Projector
 from streams.process import WorkerProcess
@@ -119,7 +120,13 @@ async def _run(
     signing: DecisionKey,
     tokens: TokenTable,
 ) -> None:
-    projector = Projector(settings.database, bootstrap, settings.events_topic, group_id=settings.projection)
+    projector = Projector(
+        settings.database,
+        bootstrap,
+        settings.events_topic,
+        group_id=settings.projection,
+        decision_trust=decision_trust(settings, signing.public_path),  # the keys the worker trusts
+    )
     await projector.start()
     sock = _bind(settings.api_host, settings.api_port)
     host, port = sock.getsockname()[:2]
@@ -139,8 +146,8 @@ async def _run(
     console.print(f"  API roles  {roles}; values opened with the key store {settings.key_dir}", soft_wrap=True)
     made = " (created now)" if signing.created else ""
     console.print(
-        f"  decisions  signed by {signing.key_id}{made}: {settings.decision_key_path}; the worker trusts"
-        f" {signing.public_path}",
+        f"  decisions  signed by {signing.key_id}{made}: {settings.decision_key_path}; the worker and the"
+        f" projector trust {signing.public_path}",
         soft_wrap=True,
     )
     try:

@@ -15,19 +15,25 @@ import socket
 import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
 from infra.brokers import create_topics, delete_topics
-from preflight_audit.errors import ServiceError
+from preflight.errors import SigningKeyError
+from preflight_audit.errors import ConfigurationError, ServiceError
+from preflight_audit.keys import decision_key
 from preflight_audit.settings import Settings
 from projections import Projector, ProjectorStats
+from projections.signatures import DecisionTrust
 from streams.settings import WorkerSettings
 
 __all__ = [
     "Topics",
     "create_worker_topics",
+    "decision_trust",
     "delete_worker_topics",
+    "deployment_trust",
     "free_port",
     "interruptible",
     "wait_projected",
@@ -85,6 +91,34 @@ def worker_settings(settings: Settings, bootstrap: str, topics: Topics, **overri
         partitions=topics.partitions,
         **overrides,
     )
+
+
+def decision_trust(settings: Settings, *public_keys: Path) -> DecisionTrust | None:
+    """Whose signed decisions the projector counts outcomes of: the settings' `decision_public_keys` and
+    `public_keys` (the deployment's own signing key's), with the settings' leeway -- the keys the fold
+    worker is given (`Settings.worker_settings`). None without any: no signature is checked.
+
+    :raises ConfigurationError: a key file is unreadable or not an Ed25519 public key.
+    """
+    paths = tuple(dict.fromkeys((*settings.decision_public_key_paths, *public_keys)))
+    if not paths:
+        return None
+    try:
+        return DecisionTrust.from_pem_files(*paths, leeway_s=settings.decision_leeway_s)
+    except SigningKeyError as exc:
+        raise ConfigurationError(f"the projector's decision keys: {exc}") from exc
+
+
+def deployment_trust(settings: Settings) -> DecisionTrust | None:
+    """What `serve`'s projector trusts, found without creating a key: the settings' `decision_public_keys`
+    and, when the deployment's decision key exists, its public key (for `replay`, which must judge
+    outcomes as the live projector did).
+
+    :raises ConfigurationError: see `decision_trust`, or the decision key cannot be read.
+    """
+    own = settings.decision_key_path
+    public = (decision_key(own, create=False).public_path,) if own.is_file() else ()
+    return decision_trust(settings, *public)
 
 
 async def wait_projected(

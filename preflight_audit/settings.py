@@ -17,7 +17,9 @@ Keys and tokens (see the README, "Command line" and "HTTP API"): ``key_dir`` hol
 are sealed with (`preflight.protect.FileKeyStore`; keep it out of backups, erasing a user destroys
 theirs); ``decision_key`` the Ed25519 key that signs `execute` decisions (PKCS#8 PEM; when it is not
 set, ``serve`` creates ``<data_dir>/decision.key`` on first use, with ``decision.key.pub`` beside it,
-which the fold worker is given); ``ledger_key_file`` / ``ledger_public_key_file`` the ledger's digest
+which the fold worker and the projector are given); ``decision_public_keys`` (PEM files, os.pathsep-separated,
+``PREFLIGHT_DECISION_PUBLIC_KEYS``) further signers both trust, with ``decision_leeway_s`` seconds of
+clock skew (``PREFLIGHT_DECISION_LEEWAY_S``); ``ledger_key_file`` / ``ledger_public_key_file`` the ledger's digest
 keys, under the names `ledger.keys` reads (``PREFLIGHT_LEDGER_KEY_FILE``,
 ``PREFLIGHT_LEDGER_PUBLIC_KEY_FILE``); ``api_tokens`` (``role:token,role:token``) or
 ``api_tokens_file`` (one ``role:token`` a line) the bearer tokens of the HTTP API and their roles.
@@ -81,6 +83,14 @@ class Settings(BaseSettings):
     decision_key: Path | None = Field(
         None, description="the Ed25519 private key (PEM) signing execute decisions; default <data_dir>/decision.key"
     )
+    decision_public_keys: str | None = Field(
+        None,
+        description="public keys (PEM files, os.pathsep-separated) of further decision signers the fold worker and"
+        " the projector trust: they count an outcome only for a decision a trusted key signed",
+    )
+    decision_leeway_s: float = Field(
+        0.0, ge=0, allow_inf_nan=False, description="clock skew allowed around a signed decision's validity period"
+    )
     require_approval: bool = Field(
         False, description="engines built here (the demo's generated sessions) need an approval for writes"
     )
@@ -138,6 +148,12 @@ class Settings(BaseSettings):
         """The decision signing key: `decision_key`, else ``<data_dir>/decision.key``."""
         return self.decision_key if self.decision_key is not None else self.data_dir / "decision.key"
 
+    @property
+    def decision_public_key_paths(self) -> tuple[Path, ...]:
+        """The files `decision_public_keys` names."""
+        text = self.decision_public_keys or ""
+        return tuple(Path(part.strip()) for part in text.split(os.pathsep) if part.strip())
+
     def open_broker(self, log_dir: Path | None = None) -> Broker:
         """The configured broker, not yet started: use it in ``with``. An embedded broker logs to `log_dir`
         (default: a temporary directory removed when it stops)."""
@@ -155,7 +171,7 @@ class Settings(BaseSettings):
     ) -> WorkerSettings:
         """The fold worker's settings: what these settings say, the rest from ``PREFLIGHT_*`` as the worker
         reads it (`WorkerSettings.from_env`), `overrides` last. `decision_public_keys` are trusted in
-        addition to those ``PREFLIGHT_DECISION_PUBLIC_KEYS`` names.
+        addition to those ``PREFLIGHT_DECISION_PUBLIC_KEYS`` (or the setting `decision_public_keys`) names.
 
         :raises ConfigurationError: when the worker refuses them.
         """
@@ -169,12 +185,14 @@ class Settings(BaseSettings):
             "web_port": self.web_port,
             "data_dir": self.data_dir / "worker",
         }
+        if "decision_leeway_s" in self.model_fields_set:  # else the worker reads the variable itself
+            values["decision_leeway_s"] = self.decision_leeway_s
         values.update(overrides)
         env = os.environ if environ is None else environ
         try:
             worker = WorkerSettings.from_env(env, **values)
-            if decision_public_keys:
-                trusted = (*worker.decision_public_keys, *decision_public_keys)
+            if decision_public_keys or self.decision_public_key_paths:
+                trusted = (*worker.decision_public_keys, *self.decision_public_key_paths, *decision_public_keys)
                 worker = WorkerSettings.from_env(env, **values, decision_public_keys=tuple(dict.fromkeys(trusted)))
             return worker
         except WorkerSettingsError as exc:

@@ -20,6 +20,11 @@ a redelivered message or run changes nothing (offsets, then closing hash, then e
 that cannot be projected becomes a row in `dead_letters` and a record on the dead-letter topic (at
 least once); it never stops the projector and never leaves an offset unaccounted for.
 
+Given a `DecisionTrust` (the public keys of the engines that sign `execute` decisions), an outcome
+counts only for a decision signed by one of them and valid when the outcome occurred, as in the fold
+worker: the signature is checked once, when its run is decoded (`projections.signatures`), and the
+verdict kept on the run's row; an outcome without a valid signed decision is a dead letter.
+
 `run_until(end_offsets)` projects up to given offsets (tests, demo, replay); `run_forever(stop)` until
 an event is set; `replay(path, ...)` rebuilds every projection from offset 0 into a fresh file, and
 `projections.store.compare_projections` compares it with the live one. ``python -m projections
@@ -51,6 +56,7 @@ import duckdb
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError, OffsetOutOfRangeError
 
+from preflight.errors import SigningKeyError
 from projections.decode import Incoming, Rejected
 from projections.dlq import DeadLetter, DeadLetterPublisher, default_dead_letter_topic
 from projections.errors import (
@@ -60,7 +66,8 @@ from projections.errors import (
     ProjectionTimeout,
     ReplayTargetExistsError,
 )
-from projections.rows import Plan, PreparedChunk, StoredRun, detached, plan_batch, prepare_all, raw, to_arrow
+from projections.rows import Plan, PreparedChunk, StoredRun, plan_batch, raw, to_arrow
+from projections.signatures import LEEWAY_VAR, PUBLIC_KEYS_VAR, DecisionTrust, detached_checked, prepare_checked
 from projections.store import (
     EventIdConflict,
     compare_projections,
@@ -159,6 +166,8 @@ class Projector:
         ``<topic>.projector.dlq``, declared at start (one partition) if the broker does not list it.
     :param publish_dead_letters: False keeps dead letters in the `dead_letters` table only (`replay`
         does: the live projector published them already).
+    :param decision_trust: whose signed decisions an outcome needs (`projections.signatures`); None
+        checks no signature (an outcome must still match its approved decision).
     """
 
     def __init__(
@@ -179,6 +188,7 @@ class Projector:
         after_commit: Callable[[Plan], None] | None = None,
         dead_letter_topic: str | None = None,
         publish_dead_letters: bool = True,
+        decision_trust: DecisionTrust | None = None,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
@@ -194,6 +204,7 @@ class Projector:
         self._request_timeout_ms = request_timeout_ms
         self._kafka_commit_interval_s = kafka_commit_interval_s
         self._decode_workers = decode_workers
+        self._trust = decision_trust
         self._pool: ProcessPoolExecutor | None = None
         self._before_commit = before_commit
         self._on_batch = on_batch
@@ -319,7 +330,8 @@ class Projector:
             )
             self._pool = pool
             loop = asyncio.get_running_loop()
-            await asyncio.gather(*(loop.run_in_executor(pool, detached, []) for _ in range(self._decode_workers)))
+            workers = range(self._decode_workers)
+            await asyncio.gather(*(loop.run_in_executor(pool, detached_checked, [], self._trust) for _ in workers))
         con = await self._in_writer(open_database, self._path)
         self._con = con
         self._reader = con.cursor()  # a second connection: reads committed data while the writer writes
@@ -506,7 +518,7 @@ class Projector:
         """Plan a fetched batch once it is decoded, wait for the batch in flight, and submit this one."""
         seconds = self.stats.seconds
         clock = time.perf_counter()
-        prepared = await decoding if decoding is not None else [prepare_all(incoming)]
+        prepared = await decoding if decoding is not None else [prepare_checked(incoming, self._trust)]
         seconds["decode"] += time.perf_counter() - clock
         batch = self._plan(prepared)
         clock = time.perf_counter()
@@ -556,13 +568,13 @@ class Projector:
         parts = [incoming[i : i + size] for i in range(0, len(incoming), size)]
         try:
             chunks = await asyncio.gather(
-                *(loop.run_in_executor(pool, detached, [raw(m) for m in part]) for part in parts)
+                *(loop.run_in_executor(pool, detached_checked, [raw(m) for m in part], self._trust) for part in parts)
             )
         except BrokenProcessPool:
             # A decode worker died (e.g. the signal that stops this projector reached its process group
             # first): decode here, so that the batch in hand is still written before the projector stops.
             log.warning("the decode workers are gone; decoding %d messages in the event loop", len(incoming))
-            return [prepare_all(incoming)]
+            return [prepare_checked(incoming, self._trust)]
         return [replace(chunk, incoming=tuple(part)) for chunk, part in zip(chunks, parts, strict=True)]
 
     def _plan(self, prepared: list[PreparedChunk]) -> _Batch:
@@ -587,7 +599,9 @@ class Projector:
         stored.update(overlay)
         seconds["lookup"] += time.perf_counter() - clock
         clock = time.perf_counter()
-        plan = plan_batch(prepared, stored, projection=self._group, next_offsets=next_offsets)
+        plan = plan_batch(
+            prepared, stored, projection=self._group, next_offsets=next_offsets, decision_trust=self._trust
+        )
         seconds["plan"] += time.perf_counter() - clock  # rows taken from the decoded Arrow tables included
         return _Batch(prepared, stored, next_offsets, plan, to_arrow(plan))
 
@@ -637,6 +651,7 @@ class Projector:
                 projection=self._group,
                 next_offsets=batch.next_offsets,
                 taken_event_ids=taken,
+                decision_trust=self._trust,
             )
             try:
                 write_batch(
@@ -812,11 +827,13 @@ async def replay(
     decode_workers: int = 0,
     timeout_s: float = 600.0,
     progress: bool = True,
+    decision_trust: DecisionTrust | None = None,
 ) -> ProjectorStats:
     """Rebuild every projection from offset 0 into the fresh database file `database`.
 
     Projects up to the log's end as it is when the call starts. Compare the result with the live
-    database using `projections.store.compare_projections`.
+    database using `projections.store.compare_projections`; give the `decision_trust` the live
+    projector has, or the two judge outcomes differently.
 
     :raises ReplayTargetExistsError: when `database` already exists.
     :raises ProjectionTimeout: when the replay takes longer than `timeout_s`.
@@ -835,6 +852,7 @@ async def replay(
         kafka_commit_interval_s=None,
         publish_dead_letters=False,  # the live projector published them
         on_batch=counter.update,
+        decision_trust=decision_trust,
     ) as projector:
         ends = await log_end_offsets(bootstrap_servers, topic, projector.partitions)
         counter.begin(sum(ends.values()))
@@ -858,6 +876,20 @@ def _parser() -> argparse.ArgumentParser:
         default=default_decode_workers(),
         help="processes that decode and verify messages (0: none; default: one per core, at most 4)",
     )
+    parser.add_argument(
+        "--decision-public-key",
+        dest="decision_public_keys",
+        action="append",
+        default=[],
+        metavar="PEM",
+        help="a trusted decision signer's public key (repeatable): an outcome then needs a decision it signed"
+        f" (default: the files {PUBLIC_KEYS_VAR} names, as for the fold worker; none: no signature checked)",
+    )
+    parser.add_argument(
+        "--decision-leeway-s",
+        type=float,
+        help=f"clock skew allowed around a decision's validity period (default: {LEEWAY_VAR}, else 0)",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="project the topic into a database until SIGTERM / SIGINT")
     run.add_argument("--db", required=True, help="the DuckDB file (created and migrated if needed)")
@@ -877,10 +909,15 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-async def _run_command(args: argparse.Namespace) -> int:
+async def _run_command(args: argparse.Namespace, trust: DecisionTrust | None) -> int:
     if args.command == "replay":
         stats = await replay(
-            args.db, args.bootstrap, args.topic, batch_size=args.batch_size, decode_workers=args.decode_workers
+            args.db,
+            args.bootstrap,
+            args.topic,
+            batch_size=args.batch_size,
+            decode_workers=args.decode_workers,
+            decision_trust=trust,
         )
         print(f"replayed: {stats}")
         if args.compare:
@@ -901,19 +938,25 @@ async def _run_command(args: argparse.Namespace) -> int:
         publish_dead_letters=args.publish_dead_letters,
         batch_size=args.batch_size,
         decode_workers=args.decode_workers,
+        decision_trust=trust,
     ) as p:
         stats = await p.run_forever(stop)
     print(f"stopped: {stats}")
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     """The command line: ``run`` (until SIGTERM) or ``replay`` (then optionally compare)."""
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        trust = DecisionTrust.from_env(environ, public_keys=args.decision_public_keys, leeway_s=args.decision_leeway_s)
+    except SigningKeyError as exc:
+        parser.error(f"decision keys: {exc}")
     tune_interpreter()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     with contextlib.suppress(KeyboardInterrupt):
-        return asyncio.run(_run_command(args))
+        return asyncio.run(_run_command(args, trust))
     return 130
 
 

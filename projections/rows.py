@@ -15,7 +15,9 @@ every decision that depends on earlier batches is made here, testably:
 - an `event_id` already archived for another event is a conflict (dead letter);
 - an outcome (`executed` / `execution_failed`) applies only to a stored or same-batch run whose
   decision was `execute`, that has no outcome yet, whose stored last hash and `seq` it extends, and
-  whose decision id, tool and arguments digest it repeats; the same outcome again changes nothing.
+  whose decision id, tool and arguments digest it repeats, and -- given trusted decision keys -- whose
+  decision was validly signed (checked when its run was prepared, `projections.signatures`) and valid
+  when the outcome occurred; the same outcome again changes nothing.
 
 `TABLES` describes each batch table's columns and Arrow types; a plan holds its rows as Arrow tables
 (taken from the chunks' tables by row index, zero-copy when every row is kept), which the writer
@@ -28,23 +30,18 @@ import json
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Final, NamedTuple
+from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 import orjson
 import pyarrow as pa
 
 from preflight.events import (
-    ChecklistItemVerified,
-    Envelope,
-    ExecutionApproved,
-    FieldResolved,
-    FixedChecklistResolved,
-    GateBlocked,
-    RunStarted,
-    ToolMatchDecided,
     canonical_json,
 )
-from projections.decode import Incoming, Rejected, VerifiedRun, VerifiedTail, decode_incoming
+from projections.decode import EventJson, Incoming, Rejected, VerifiedRun, VerifiedTail, decode_incoming
+
+if TYPE_CHECKING:  # projections.signatures builds on this module
+    from projections.signatures import DecisionTrust
 
 __all__ = [
     "CANDIDATE_TABLES",
@@ -152,6 +149,17 @@ RUNS = TableSpec(
         ("partition", _I),
         ("offset", _L),
         ("gap_class", _S),
+        # The approved decision's signed fields (`_decision_columns`) and the verdict on its signature
+        # (`projections.signatures.check_decisions`; NULL: not checked).
+        ("decision_tool", _S),
+        ("decision_key_id", _S),
+        ("decision_algorithm", _S),
+        ("decision_issued_at", _S),
+        ("decision_expires_at", _S),
+        ("decision_nonce", _S),
+        ("decision_signature", _S),
+        ("decision_signature_check", _S),
+        ("decision_signature_problem", _S),
     ),
 )
 FIELDS = TableSpec(
@@ -290,7 +298,12 @@ SUPPLIED_VIA: Final = {
 
 
 class StoredRun(NamedTuple):
-    """What later messages are judged against: a run as the projection holds it."""
+    """What later messages are judged against: a run as the projection holds it.
+
+    The `decision_*` fields come from its approved decision's signature check
+    (`projections.signatures.check_decisions`): its validity period, the verdict (None: not checked) and
+    the verifier's words for a refused signature.
+    """
 
     run_id: str
     action_key: str | None
@@ -303,10 +316,32 @@ class StoredRun(NamedTuple):
     decision_id: str | None
     tool: str | None
     arguments_digest: str | None
+    decision_issued_at: str | None = None
+    decision_expires_at: str | None = None
+    decision_signature_check: str | None = None
+    decision_signature_problem: str | None = None
 
 
 #: The columns of `StoredRun`, in order, as `projections/sql/lookup_runs.sql` selects them.
 STORED_RUN_COLUMNS: Final = StoredRun._fields
+#: The `runs` columns of a decision's signature, by its `preflight.events.DecisionSignature` field.
+_SIGNATURE_COLUMNS: Final = {
+    "key_id": "decision_key_id",
+    "algorithm": "decision_algorithm",
+    "issued_at": "decision_issued_at",
+    "expires_at": "decision_expires_at",
+    "nonce": "decision_nonce",
+    "value": "decision_signature",
+}
+
+
+def _decision_columns(approved: EventJson | None) -> dict[str, Any]:
+    """The `runs` columns of an approved decision's signed fields, exactly as signed (all None without a
+    decision; the signature's without a signature), so the row alone is enough to check it again."""
+    signature: Any = approved.get("signature") if approved is not None else None
+    columns = {column: _str(signature.get(name)) if signature else None for name, column in _SIGNATURE_COLUMNS.items()}
+    columns["decision_tool"] = approved["tool_name"] if approved is not None else None
+    return columns
 
 
 #: The tables a chunk prepares candidate rows for (the rest are made by the planner).
@@ -369,22 +404,22 @@ def _json(value: Any) -> str:
 # ---- rows of one run ------------------------------------------------------------------------------------
 
 
-def archive_rows(events: Sequence[Envelope], encoded: Sequence[bytes], incoming: Incoming) -> list[tuple[Any, ...]]:
+def archive_rows(events: Sequence[EventJson], encoded: Sequence[bytes], incoming: Incoming) -> list[tuple[Any, ...]]:
     """One `archive` row per event: envelope columns, canonical JSON, and where it was read."""
     topic, partition, offset = incoming.topic, incoming.partition, incoming.offset
     return [
         (
-            e.event_id.lower(),
-            e.run_id,
-            e.seq,
-            getattr(e, "event_type", None),
-            e.schema_version,
-            e.action_key,
-            e.user_id,
-            e.agent_id,
-            e.occurred_at,
-            e.hash,
-            e.prev_hash,
+            e["event_id"].lower(),
+            e["run_id"],
+            e["seq"],
+            e["event_type"],
+            e["schema_version"],
+            e["action_key"],
+            e["user_id"],
+            e["agent_id"],
+            e["occurred_at"],
+            e["hash"],
+            e["prev_hash"],
             text,
             topic,
             partition,
@@ -400,81 +435,84 @@ def run_rows(run: VerifiedRun) -> RunRows:
     events = run.events
     started = events[0]
     close = run.close
-    assert isinstance(started, RunStarted)
-    fixed: FixedChecklistResolved | None = None
-    match: ToolMatchDecided | None = None
-    approved: ExecutionApproved | None = None
-    blocked: GateBlocked | None = None
-    field_events: list[FieldResolved] = []
-    checklist_events: list[ChecklistItemVerified] = []
+    fixed: EventJson | None = None
+    match: EventJson | None = None
+    approved: EventJson | None = None
+    blocked: EventJson | None = None
+    field_events: list[EventJson] = []
+    checklist_events: list[EventJson] = []
     for event in events:
-        if isinstance(event, FieldResolved):
+        event_type = event["event_type"]
+        if event_type == "field_resolved":
             field_events.append(event)
-        elif isinstance(event, ChecklistItemVerified):
+        elif event_type == "checklist_item_verified":
             checklist_events.append(event)
-        elif isinstance(event, FixedChecklistResolved):
+        elif event_type == "fixed_checklist_resolved":
             fixed = event
-        elif isinstance(event, ToolMatchDecided):
+        elif event_type == "tool_match_decided":
             match = event
-        elif isinstance(event, ExecutionApproved):
+        elif event_type == "execution_approved":
             approved = event
-        elif isinstance(event, GateBlocked):
+        elif event_type == "gate_blocked":
             blocked = event
-    who = (close.action_key, close.user_id, close.agent_id)
-    fixed_values = fixed.fixed if fixed is not None else {}
-    closing = close.record
+    who = (close["action_key"], close["user_id"], close["agent_id"])
+    fixed_values = fixed["fixed"] if fixed is not None else {}
+    closing = close["record"]
     values: dict[str, Any] = {
         "run_id": run.run_id,
-        "action_key": close.action_key,
-        "user_id": started.user_id,
-        "agent_id": started.agent_id,
-        "tool": started.tool_name,
-        "tool_digest": started.tool_digest,
-        "has_input_schema": started.has_input_schema,
-        "intent_fingerprint": started.intent_fingerprint,
-        "intent_attempt": _int(started.intent_attempt),
-        "tool_attempt": _int(started.tool_attempt),
-        "phase": match.phase if match is not None else None,
+        "action_key": close["action_key"],
+        "user_id": started["user_id"],
+        "agent_id": started["agent_id"],
+        "tool": started["tool_name"],
+        "tool_digest": started["tool_digest"],
+        "has_input_schema": started["has_input_schema"],
+        "intent_fingerprint": started["intent_fingerprint"],
+        "intent_attempt": _int(started["intent_attempt"]),
+        "tool_attempt": _int(started["tool_attempt"]),
+        "phase": match["phase"] if match is not None else None,
         "c1_when_case": _str(fixed_values.get("c1_when_case")),
         "c2_user_action_name": _str(fixed_values.get("c2_user_action_name")),
         "c2_source": _str(fixed_values.get("c2_source")),
         "c3_provider_action_name": _str(fixed_values.get("c3_provider_action_name")),
-        "c3_approved": match.approved if match is not None else None,
-        "c3_reason": match.reason if match is not None else None,
-        "fixed_issues": _json(fixed.issues) if fixed is not None else None,
-        "decision": close.decision,
+        "c3_approved": match["approved"] if match is not None else None,
+        "c3_reason": match["reason"] if match is not None else None,
+        "fixed_issues": _json(fixed["issues"]) if fixed is not None else None,
+        "decision": close["decision"],
         "reason": _str(closing.get("reason")),
         "unknown_count": _int(closing.get("unknown_count")),
         "unverified_count": _int(closing.get("unverified_checklist_count")),
         "fields_computed": _bool(closing.get("fields_computed")),
-        "decision_id": approved.decision_id if approved is not None else None,
-        "arguments_digest": approved.arguments_digest if approved is not None else None,
-        "started_at": started.occurred_at,
-        "closed_at": close.occurred_at,
-        "closing_event_count": close.event_count,
-        "close_hash": close.hash,
+        "decision_id": approved["decision_id"] if approved is not None else None,
+        "arguments_digest": approved["arguments_digest"] if approved is not None else None,
+        "started_at": started["occurred_at"],
+        "closed_at": close["occurred_at"],
+        "closing_event_count": close["event_count"],
+        "close_hash": close["hash"],
         "event_count": len(events),
-        "last_seq": close.seq,
-        "last_hash": close.hash,
+        "last_seq": close["seq"],
+        "last_hash": close["hash"],
         "outcome": None,
         "outcome_at": None,
         "topic": run.incoming.topic,
         "partition": run.incoming.partition,
         "offset": run.incoming.offset,
-        "gap_class": blocked.gap_class if blocked is not None else None,
+        "gap_class": blocked["gap_class"] if blocked is not None else None,
+        "decision_signature_check": None,  # checked with the trusted keys: projections.signatures
+        "decision_signature_problem": None,
     }
+    values.update(_decision_columns(approved))
     row = tuple(values[name] for name in RUNS.names)
     state = StoredRun(
         run_id=run.run_id,
-        action_key=close.action_key,
-        decision=close.decision,
-        close_hash=close.hash,
-        last_seq=close.seq,
-        last_hash=close.hash,
+        action_key=close["action_key"],
+        decision=close["decision"],
+        close_hash=close["hash"],
+        last_seq=close["seq"],
+        last_hash=close["hash"],
         event_count=len(events),
         outcome=None,
         decision_id=values["decision_id"],
-        tool=values["c3_provider_action_name"],
+        tool=values["decision_tool"],
         arguments_digest=values["arguments_digest"],
     )
     fields = [_field_row(run.run_id, index, event, who) for index, event in enumerate(field_events)]
@@ -484,23 +522,23 @@ def run_rows(run: VerifiedRun) -> RunRows:
         gate = (
             run.run_id,
             *who,
-            started.tool_name,
-            blocked.gate_name,
-            blocked.kind,
-            blocked.decision,
-            blocked.gap_class,
-            list(blocked.unknown_fields),
-            list(blocked.unverified_items),
-            _json(blocked.gate) if blocked.gate is not None else None,
-            blocked.occurred_at,
+            started["tool_name"],
+            blocked["gate_name"],
+            blocked["kind"],
+            blocked["decision"],
+            blocked["gap_class"],
+            list(blocked["unknown_fields"]),
+            list(blocked["unverified_items"]),
+            _json(blocked["gate"]) if blocked["gate"] is not None else None,
+            blocked["occurred_at"],
         )
     return RunRows(archive_rows(events, run.encoded, run.incoming), row, fields, checklist, gate, state)
 
 
 def _field_row(
-    run_id: str, index: int, event: FieldResolved, who: tuple[str | None, str | None, str | None]
+    run_id: str, index: int, event: EventJson, who: tuple[str | None, str | None, str | None]
 ) -> tuple[Any, ...]:
-    f, ev = event.field, event.evidence
+    f, ev = event["field"], event["evidence"]
     source, origin = _str(f.get("source")), _str(f.get("origin_source"))
     span = ev.get("span")
     start, end = (_int(span[0]), _int(span[1])) if isinstance(span, list) and len(span) == 2 else (None, None)
@@ -532,11 +570,11 @@ def _field_row(
     )
 
 
-def _checklist_row(run_id: str, event: ChecklistItemVerified) -> tuple[Any, ...]:
-    item = event.item
+def _checklist_row(run_id: str, event: EventJson) -> tuple[Any, ...]:
+    item = event["item"]
     return (
         run_id,
-        event.index,
+        event["index"],
         _str(item.get("id")),
         _str(item.get("description")),
         _str(item.get("status")),
@@ -669,8 +707,8 @@ def prepare_all(incoming: Sequence[Incoming]) -> PreparedChunk:
                 PreparedRun(
                     position=index,
                     run_id=decoded.run_id,
-                    close_hash=decoded.close.hash,
-                    event_ids=tuple(e.event_id.lower() for e in decoded.events),
+                    close_hash=decoded.close["hash"],
+                    event_ids=tuple(e["event_id"].lower() for e in decoded.events),
                     state=built.state,
                     archive=(a0, len(archive)),
                     run_row=len(runs) - 1,
@@ -687,15 +725,15 @@ def prepare_all(incoming: Sequence[Incoming]) -> PreparedChunk:
                 PreparedTail(
                     position=index,
                     run_id=decoded.run_id,
-                    event_id=e.event_id.lower(),
-                    event_type=e.event_type,
-                    seq=e.seq,
-                    hash=e.hash,
-                    prev_hash=e.prev_hash,
-                    decision_id=e.decision_id,
-                    tool_name=e.tool_name,
-                    arguments_digest=e.arguments_digest,
-                    timestamp=e.timestamp,
+                    event_id=e["event_id"].lower(),
+                    event_type=e["event_type"],
+                    seq=e["seq"],
+                    hash=e["hash"],
+                    prev_hash=e["prev_hash"],
+                    decision_id=e["decision_id"],
+                    tool_name=e["tool_name"],
+                    arguments_digest=e["arguments_digest"],
+                    timestamp=e["timestamp"],
                     archive_row=len(archive) - 1,
                     execution_row=len(executions) - 1,
                 )
@@ -740,8 +778,18 @@ def detached(messages: Sequence[RawMessage]) -> PreparedChunk:
 # ---- the batch --------------------------------------------------------------------------------------
 
 
-def _judge_tail(tail: PreparedTail, incoming: Incoming, state: StoredRun | None) -> Rejected | str | None:
-    """None if the outcome applies to `state`, "duplicate" if it is already applied, else the rejection."""
+def _judge_tail(
+    tail: PreparedTail,
+    incoming: Incoming,
+    state: StoredRun | None,
+    trust: DecisionTrust | None = None,
+    executions: pa.Table | None = None,
+) -> Rejected | str | None:
+    """None if the outcome applies to `state`, "duplicate" if it is already applied, else the rejection.
+
+    With `trust`, its decision must also be validly signed and valid when the outcome occurred (the
+    `occurred_at` of its row in `executions`, its chunk's table): `DecisionTrust.refusal`.
+    """
 
     def reject(code: str, reason: str) -> Rejected:
         return Rejected(incoming, code, reason, tail.run_id)
@@ -767,28 +815,33 @@ def _judge_tail(tail: PreparedTail, incoming: Incoming, state: StoredRun | None)
     ]
     if mismatched:
         return reject("outcome_mismatch", f"the outcome's {', '.join(mismatched)} differ from the approved decision")
+    if trust is not None:
+        occurred_at = executions.column("occurred_at")[tail.execution_row].as_py() if executions is not None else None
+        refusal = trust.refusal(tail.event_type, state, occurred_at)
+        if refusal is not None:
+            return reject(*refusal)
     return None
 
 
 def _execution_row(tail: VerifiedTail) -> tuple[Any, ...]:
     e = tail.event
-    executed = e.event_type == "executed"
+    executed = e["event_type"] == "executed"
     return (
         tail.run_id,
-        e.event_id.lower(),
-        e.decision_id,
-        e.action_key,
-        e.user_id,
-        e.agent_id,
-        e.tool_name,
+        e["event_id"].lower(),
+        e["decision_id"],
+        e["action_key"],
+        e["user_id"],
+        e["agent_id"],
+        e["tool_name"],
         "executed" if executed else "failed",
-        e.arguments_digest,
-        getattr(e, "result_digest", None),
-        getattr(e, "error_type", None),
-        getattr(e, "error", None),
-        e.reason,
-        e.timestamp,
-        e.occurred_at,
+        e["arguments_digest"],
+        e.get("result_digest"),
+        e.get("error_type"),
+        e.get("error"),
+        e["reason"],
+        e["timestamp"],
+        e["occurred_at"],
     )
 
 
@@ -799,13 +852,16 @@ def plan_batch(
     projection: str,
     next_offsets: Mapping[tuple[str, int], int],
     taken_event_ids: frozenset[str] = frozenset(),
+    decision_trust: DecisionTrust | None = None,
 ) -> Plan:
     """What a batch changes, given what the database holds (`stored`, `next_offsets`, `taken_event_ids`).
 
     `chunks` hold the batch in log order per partition. `taken_event_ids` (lower-case) are ids the archive
     already holds that no stored run accounts for; the writer passes them after an insert found a
     conflict. The chunks are never modified: a plan takes copies of the rows it keeps (or the chunks'
-    tables themselves when it keeps every row).
+    tables themselves when it keeps every row). With `decision_trust`, an outcome also needs a validly
+    signed decision (see `_judge_tail`); its chunks must then be checked with it
+    (`projections.signatures.check_decisions`).
     """
     takes: dict[str, list[int]] = {spec.name: [] for spec in CANDIDATE_TABLES}
     dead_letters: list[tuple[Any, ...]] = []
@@ -864,7 +920,7 @@ def plan_batch(
                 counts["runs"] += 1
                 continue
 
-            verdict = _judge_tail(item, m, state)
+            verdict = _judge_tail(item, m, state, decision_trust, chunk.tables[EXECUTIONS.name])
             if verdict == "duplicate":
                 counts["duplicates"] += 1
                 continue

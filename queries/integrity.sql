@@ -1,6 +1,8 @@
 -- integrity: findings that should never exist, one row each. An executed run with a field that has
 -- no origin or an origin of prior_state; an execution without an execute decision (projected, or
--- refused into dead_letters); a run whose archived events do not match its closing event (count,
+-- refused into dead_letters); an execution without a valid signed decision (refused into dead_letters:
+-- unsigned, signed by an untrusted key, a signature that does not verify, or outside the decision's
+-- validity period); a run whose archived events do not match its closing event (count,
 -- seq, hash links, last hash); archived events of no projected run; a value inherited from a baseline
 -- run of another action_key (tier 4 only reads the key's own). An empty result is a clean log.
 -- param action_key VARCHAR optional: only runs under this action_key
@@ -50,6 +52,13 @@ findings AS (
     SELECT 'executed_without_execute_decision', d.run_id, CAST(d.message_key AS VARCHAR), d.code, d.reason
     FROM dead_letters AS d
     WHERE d.code IN ('outcome_for_non_execute', 'outcome_without_run', 'outcome_mismatch', 'second_outcome')
+      AND ($action_key IS NULL OR CAST(d.message_key AS VARCHAR) = $action_key)
+    UNION ALL
+    -- projections.signatures.REFUSAL_CODES
+    SELECT 'executed_without_valid_decision', d.run_id, CAST(d.message_key AS VARCHAR), d.code, d.reason
+    FROM dead_letters AS d
+    WHERE d.code IN ('unsigned_decision', 'untrusted_decision_key', 'bad_decision_signature', 'unchecked_decision',
+                     'expired_decision', 'decision_not_yet_valid', 'invalid_decision_period', 'undated_outcome')
       AND ($action_key IS NULL OR CAST(d.message_key AS VARCHAR) = $action_key)
     UNION ALL
     SELECT 'missing_events', r.run_id, r.action_key, NULL,

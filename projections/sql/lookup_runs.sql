@@ -1,5 +1,6 @@
 -- What the planner needs of stored runs that a batch mentions (columns in StoredRun order).
 SELECT run_id, action_key, decision, close_hash, last_seq, last_hash, event_count, outcome,
-       decision_id, c3_provider_action_name AS tool, arguments_digest
+       decision_id, decision_tool AS tool, arguments_digest,
+       decision_issued_at, decision_expires_at, decision_signature_check, decision_signature_problem
 FROM runs
 WHERE run_id IN (SELECT run_id FROM batch_run_ids);

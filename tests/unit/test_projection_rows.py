@@ -22,18 +22,22 @@ from typing import Any
 import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
+from hypothesis import event as label
 from hypothesis import strategies as st
+from pydantic import TypeAdapter, ValidationError
 
 from preflight import (
     ChainError,
     DecisionSigner,
     EventDecodeError,
     ExecutionRecord,
+    MemoryEventSink,
     MemoryStorage,
     create_preflight,
     verify_run,
 )
 from preflight.events import (
+    EVENT_TYPES,
     ExecutionApproved,
     PreflightEvent,
     canonical_json,
@@ -42,7 +46,17 @@ from preflight.events import (
     encode_message,
     seal,
 )
-from projections.decode import Incoming, Rejected, VerifiedRun, VerifiedTail, _fast_path, decode_incoming
+from preflight_audit import scenarios
+from projections.decode import _MESSAGE as SHAPES
+from projections.decode import (
+    Incoming,
+    Rejected,
+    VerifiedRun,
+    VerifiedTail,
+    _fast_path,
+    _reference_path,
+    decode_incoming,
+)
 from projections.rows import (
     TABLES,
     Plan,
@@ -58,6 +72,7 @@ from projections.rows import raw as raw_tuple
 from tests.unit import scenario as sc
 
 KEY = "u_01:bank.transfer"
+EVENT_MODELS: TypeAdapter[list[PreflightEvent]] = TypeAdapter(list[PreflightEvent])
 READY = {"to_account": "2200119"}
 
 
@@ -146,7 +161,7 @@ class TestDecode:
         state = await asked()
         decoded = decode_incoming(message(state.run_events))
         assert isinstance(decoded, VerifiedRun)
-        assert decoded.events == tuple(state.run_events)
+        assert decoded.events == tuple(json.loads(encode_event(e)) for e in state.run_events)
         assert list(decoded.encoded) == [encode_event(e) for e in state.run_events]
 
     @pytest.mark.parametrize("signed", [False, True], ids=["unsigned", "signed"])
@@ -161,14 +176,14 @@ class TestDecode:
         value = message(state.run_events).value
         assert value is not None
         fast = _fast_path(value)
-        assert fast is not None and fast[0] == list(state.run_events)
+        assert fast is not None and fast[0] == [json.loads(encode_event(e)) for e in state.run_events]
         assert fast[1] == [encode_event(e) for e in state.run_events]
 
     async def test_an_outcome_is_a_tail(self) -> None:
         _, tail = await executed()
         decoded = decode_incoming(message([tail]))
         assert isinstance(decoded, VerifiedTail)
-        assert decoded.event == tail
+        assert decoded.event == json.loads(encode_event(tail))
 
     @pytest.mark.parametrize(
         ("value", "key", "code"),
@@ -361,7 +376,91 @@ class TestSameVerdictAsVerifyRun:
         data = canonical_json(events) if not isinstance(value, float) else json.dumps(events).encode()
         fast = _fast_path(data)
         if fast is not None:
-            verify_run(fast[0])
+            verify_run([decode_event(e) for e in fast[0]])
+            assert _reference_path(data) == fast  # the same events, as the same objects and texts
+
+
+@cache
+def every_kind_of_event() -> tuple[dict[str, Any], ...]:
+    """The events of the demo's seed and approval sessions and of generated ones (every event type, signed
+    decisions, failed calls), as JSON."""
+    sink = MemoryEventSink()
+    key = DecisionSigner.generate().private_pem()
+    world = scenarios.World(MemoryStorage(), sink, signing_key=key)
+    approving = scenarios.World(MemoryStorage(), sink, signing_key=key, require_approval=True)
+
+    async def play() -> None:
+        for session in scenarios.seed_sessions().values():
+            await scenarios.play(session, world)
+        for session in scenarios.approval_sessions().values():
+            await scenarios.play(session, approving)
+        for session in scenarios.generate_sessions(60):
+            await scenarios.play(session, world)
+
+    asyncio.run(play())
+    return tuple(e.model_dump(mode="json") for e in sink.events)
+
+
+def _json_values() -> st.SearchStrategy[Any]:
+    scalars = st.one_of(
+        st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.text(max_size=6), st.floats(allow_nan=False)
+    )
+    return st.recursive(
+        scalars,
+        lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+        max_leaves=6,
+    )
+
+
+@st.composite
+def altered_events(draw: st.DrawFn) -> tuple[dict[str, Any], dict[str, Any]]:
+    """An event of any type, and a copy with one key dropped, added, or given another JSON value (at the
+    top level or inside a nested object such as a decision's signature)."""
+    kind = draw(st.sampled_from(sorted(EVENT_TYPES)))
+    original = draw(st.sampled_from([e for e in every_kind_of_event() if e["event_type"] == kind]))
+    event = json.loads(json.dumps(original))
+    target = event
+    nested = [k for k, v in event.items() if isinstance(v, dict)]
+    if draw(st.booleans()) and nested:
+        target = event[draw(st.sampled_from(nested))]
+    how = draw(st.sampled_from(["drop", "add", "replace"]))
+    if how == "add":
+        target[draw(st.text(min_size=1, max_size=12))] = draw(_json_values())
+    elif target:
+        key = draw(st.sampled_from(sorted(target)))
+        if how == "drop":
+            del target[key]
+        else:
+            target[key] = draw(_json_values())
+    return original, event
+
+
+class TestTheFastShapeIsTheModel:
+    """The fast path validates into plain dicts (`projections.decode._json_shape`), not models: it must
+    accept exactly what the models accept strictly, and give back exactly the object it read."""
+
+    def test_every_event_type_is_sampled(self) -> None:
+        assert {e["event_type"] for e in every_kind_of_event()} == set(EVENT_TYPES)
+        assert any("signature" in e for e in every_kind_of_event())
+
+    @settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(pair=altered_events())
+    def test_the_same_verdict_and_the_object_as_read(self, pair: tuple[dict[str, Any], dict[str, Any]]) -> None:
+        original, event = pair
+        data = json.dumps([event]).encode()
+        try:
+            EVENT_MODELS.validate_json(data, strict=True)
+            models_accept = True
+        except ValidationError:
+            models_accept = False
+        try:
+            shaped = SHAPES.validate_json(data)
+        except ValidationError:
+            shaped = None
+        label(f"models {'accept' if models_accept else 'refuse'} a change to {original['event_type']}")
+        assert (shaped is not None) == models_accept
+        if shaped is not None:
+            assert shaped == [event]
 
 
 # ---- planning -------------------------------------------------------------------------------------------
