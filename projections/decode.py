@@ -14,12 +14,13 @@ link to its run's stored last hash?) is judged later, in `projections.rows.plan_
 The chain rules are those of `preflight.events.verify_run` (the unit tests compare the two on
 altered runs), plus the transport's (one run per message, the outcome in a message of its own).
 
-Two paths, one verdict. The fast path validates the whole message strictly in one pydantic call and
-hashes each event's sorted `orjson` dump, which is byte for byte `preflight.events.canonical_json` for
-every string and integer; orjson spells some floats differently, so a message holding a float (or an
-integer beyond 64 bits, or anything the fast path does not accept) takes the reference path: read
-with the standard library, validated event by event with `preflight.events.decode_event`, hashed with
-`preflight.events.content_hash` itself, which also names the precise defect.
+Two paths, one verdict. The fast path validates the whole message strictly in one pydantic call, into
+plain dicts shaped from the event models (`_json_shape`), and hashes each event's sorted `orjson`
+dump, which is byte for byte `preflight.events.canonical_json` for every string and integer; orjson
+spells some floats differently, so a message holding a float (or an integer beyond 64 bits, or anything
+the fast path does not accept) takes the reference path: read with the standard library, validated
+event by event with `preflight.events.decode_event`, hashed with `preflight.events.content_hash`
+itself, which also names the precise defect.
 """
 
 from __future__ import annotations

