@@ -514,6 +514,8 @@ def run_rows(run: VerifiedRun) -> RunRows:
         decision_id=values["decision_id"],
         tool=values["decision_tool"],
         arguments_digest=values["arguments_digest"],
+        decision_issued_at=values["decision_issued_at"],
+        decision_expires_at=values["decision_expires_at"],
     )
     fields = [_field_row(run.run_id, index, event, who) for index, event in enumerate(field_events)]
     checklist = [_checklist_row(run.run_id, event) for event in checklist_events]

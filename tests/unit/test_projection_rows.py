@@ -14,9 +14,11 @@ import contextlib
 import hashlib
 import json
 import pickle
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -47,6 +49,7 @@ from preflight.events import (
     seal,
 )
 from preflight_audit import scenarios
+from projections import open_database, store
 from projections.decode import _MESSAGE as SHAPES
 from projections.decode import (
     Incoming,
@@ -69,6 +72,7 @@ from projections.rows import (
     to_arrow,
 )
 from projections.rows import raw as raw_tuple
+from projections.store import write_batch
 from tests.unit import scenario as sc
 
 KEY = "u_01:bank.transfer"
@@ -728,3 +732,40 @@ class TestPrepared:
 
 def contents(p: Plan) -> dict[str, list[dict[str, Any]]]:
     return {name: rows_as_dicts(p, name) for name in sorted(p.tables)}
+
+
+class TestLookupRuns:
+    """`lookup_runs` answers the same whether it probes the key of `runs` or scans it."""
+
+    @pytest.mark.parametrize("probe_at_most", [0, 10_000], ids=["scan", "key"])
+    def test_stored_runs_come_back_as_planned_and_unknown_ones_not_at_all(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, probe_at_most: int
+    ) -> None:
+        sink = MemoryEventSink()
+        world = scenarios.World(MemoryStorage(), sink, signing_key=DecisionSigner.generate().private_pem())
+
+        async def play() -> None:
+            for session in scenarios.generate_sessions(40):
+                await scenarios.play(session, world)
+
+        asyncio.run(play())
+        # As the sink publishes them: a run in one message, an outcome in its own.
+        published: list[list[PreflightEvent]] = []
+        for e in sink.events:
+            if e.seq == 0 or e.event_type in ("executed", "execution_failed"):
+                published.append([e])
+            else:
+                published[-1].append(e)
+        planned = plan([message(events, offset) for offset, events in enumerate(published)])
+        assert not dead(planned)
+        assert len(planned.states) > 40
+        assert any(run.outcome == "executed" for run in planned.states.values())
+        con = open_database(tmp_path / "lookup.duckdb")
+        try:
+            write_batch(con, to_arrow(planned), expected_events=planned.archived)
+            monkeypatch.setattr(store, "KEY_LOOKUP_MAX", probe_at_most)
+            unknown = [str(uuid.uuid4()) for _ in range(5)]
+            found = store.lookup_runs(con, [*planned.states, *unknown, *planned.states])
+        finally:
+            con.close()
+        assert found == planned.states
