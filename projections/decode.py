@@ -83,7 +83,8 @@ def _plain(annotation: Any) -> Any:
 def _json_shape(model: type[BaseModel]) -> Any:
     """A TypedDict that accepts, in strict mode, exactly the JSON objects `model` accepts (same fields,
     types and constraints, extra keys forbidden, a field with a default optional), without building a
-    model: validating into plain dicts is about twice as fast, and the projector needs only the values.
+    model: validating into plain dicts costs ~40% less (about 7 against 12 µs an event), and the projector
+    needs only the values.
     Made from the model itself, so the two cannot drift apart (a property test compares their verdicts).
     """
     fields: dict[str, Any] = {}
