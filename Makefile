@@ -45,6 +45,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/engine.py
 	$(BIN)/python bench/fold.py
 	$(BIN)/python bench/projector.py
+	$(BIN)/python bench/lookup_runs.py
 	$(BIN)/python bench/freshness.py
 	$(BIN)/python bench/archive_queries.py
 	$(BIN)/python bench/verify.py

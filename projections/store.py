@@ -290,10 +290,12 @@ def reset_offsets(con: duckdb.DuckDBPyConnection, projection: str, topic: str) -
 KEY_LOOKUP_MAX: Final = 128
 
 
-def lookup_runs(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str]) -> dict[str, StoredRun]:
+def lookup_runs(
+    con: duckdb.DuckDBPyConnection, run_ids: Sequence[str], *, probe_at_most: int = KEY_LOOKUP_MAX
+) -> dict[str, StoredRun]:
     """What the projection holds of the given runs (absent ones are new).
 
-    Up to `KEY_LOOKUP_MAX` ids are looked up through the key of `runs` (``run_id IN (?, ...)``, which
+    Up to `probe_at_most` ids are looked up through the key of `runs` (``run_id IN (?, ...)``, which
     DuckDB answers by probing the index: the cost follows the batch, not the archive); more are joined
     against a scan of `runs`, cheaper for a large batch (see `KEY_LOOKUP_MAX`).
     """
@@ -301,7 +303,7 @@ def lookup_runs(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str]) -> dict[
         return {}
     wanted = list(dict.fromkeys(run_ids))
     try:
-        if len(wanted) <= KEY_LOOKUP_MAX:
+        if len(wanted) <= probe_at_most:
             where = f"WHERE run_id IN ({', '.join('?' * len(wanted))})"
             rows = con.execute(f"{sql('lookup_runs')}{where}", wanted).fetchall()
         else:

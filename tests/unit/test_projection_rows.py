@@ -739,7 +739,7 @@ class TestLookupRuns:
 
     @pytest.mark.parametrize("probe_at_most", [0, 10_000], ids=["scan", "key"])
     def test_stored_runs_come_back_as_planned_and_unknown_ones_not_at_all(
-        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, probe_at_most: int
+        self, tmp_path: Path, probe_at_most: int
     ) -> None:
         sink = MemoryEventSink()
         world = scenarios.World(MemoryStorage(), sink, signing_key=DecisionSigner.generate().private_pem())
@@ -763,9 +763,8 @@ class TestLookupRuns:
         con = open_database(tmp_path / "lookup.duckdb")
         try:
             write_batch(con, to_arrow(planned), expected_events=planned.archived)
-            monkeypatch.setattr(store, "KEY_LOOKUP_MAX", probe_at_most)
             unknown = [str(uuid.uuid4()) for _ in range(5)]
-            found = store.lookup_runs(con, [*planned.states, *unknown, *planned.states])
+            found = store.lookup_runs(con, [*planned.states, *unknown, *planned.states], probe_at_most=probe_at_most)
         finally:
             con.close()
         assert found == planned.states
