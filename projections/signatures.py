@@ -226,7 +226,8 @@ class DecisionTrust:
 
 def check_decisions(chunk: PreparedChunk, trust: DecisionTrust | None) -> PreparedChunk:
     """`chunk` with each `execute` run's decision checked against `trust` (the chunk itself without one):
-    the verdict in its `runs` row and in its state, with the decision's validity period. Pure."""
+    the verdict in its `runs` row and in its state (which has the decision's validity period from
+    `projections.rows.run_rows`). Pure."""
     if trust is None:
         return chunk
     approved = [
@@ -245,12 +246,7 @@ def check_decisions(chunk: PreparedChunk, trust: DecisionTrust | None) -> Prepar
     for (index, item), row in zip(approved, rows, strict=True):
         verdict, problem = trust.check(row)
         checks[item.run_row], problems[item.run_row] = verdict, problem
-        state = item.state._replace(
-            decision_issued_at=row["decision_issued_at"],
-            decision_expires_at=row["decision_expires_at"],
-            decision_signature_check=verdict,
-            decision_signature_problem=problem,
-        )
+        state = item.state._replace(decision_signature_check=verdict, decision_signature_problem=problem)
         items[index] = item._replace(state=state)
     for name, values in (("decision_signature_check", checks), ("decision_signature_problem", problems)):
         position = runs.schema.get_field_index(name)
