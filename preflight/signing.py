@@ -55,6 +55,7 @@ __all__ = [
     "format_time",
     "key_id_of",
     "parse_time",
+    "read_public_key_files",
 ]
 
 ALGORITHM = "ed25519"
@@ -313,6 +314,20 @@ class DecisionSigner:
         return DecisionVerifier({self.key_id: self.public_key}, **options)
 
 
+def read_public_key_files(*paths: str | Path) -> tuple[bytes, ...]:
+    """The bytes of each PEM public key file.
+
+    :raises SigningKeyError: a file cannot be read.
+    """
+    pems = []
+    for path in paths:
+        try:
+            pems.append(Path(path).read_bytes())
+        except OSError as exc:
+            raise SigningKeyError(f"a public key file could not be read: {exc}") from exc
+    return tuple(pems)
+
+
 class DecisionVerifier:
     """Checks signed decisions against trusted Ed25519 public keys, by key id.
 
@@ -361,13 +376,7 @@ class DecisionVerifier:
 
     @classmethod
     def from_pem_files(cls, *paths: str | Path, **options: Any) -> DecisionVerifier:
-        pems = []
-        for path in paths:
-            try:
-                pems.append(Path(path).read_bytes())
-            except OSError as exc:
-                raise SigningKeyError(f"a public key file could not be read: {exc}") from exc
-        return cls.from_pem(*pems, **options)
+        return cls.from_pem(*read_public_key_files(*paths), **options)
 
     @property
     def key_ids(self) -> frozenset[str]:

@@ -36,7 +36,14 @@ from typing import Any, Final
 import pyarrow as pa
 
 from preflight.errors import SigningKeyError
-from preflight.signing import ALGORITHM, DecisionVerifier, SignedDecision, decision_validity, parse_time
+from preflight.signing import (
+    ALGORITHM,
+    DecisionVerifier,
+    SignedDecision,
+    decision_validity,
+    parse_time,
+    read_public_key_files,
+)
 from projections.decode import Incoming
 from projections.rows import RUNS, PreparedChunk, PreparedRun, RawMessage, StoredRun, detached, prepare_all
 
@@ -134,13 +141,7 @@ class DecisionTrust:
 
         :raises SigningKeyError: a file cannot be read, or see the class.
         """
-        pems = []
-        for path in paths:
-            try:
-                pems.append(Path(path).read_bytes())
-            except OSError as exc:
-                raise SigningKeyError(f"a decision public key file could not be read: {exc}") from exc
-        return cls(tuple(pems), leeway_s)
+        return cls(read_public_key_files(*paths), leeway_s)
 
     @classmethod
     def from_env(

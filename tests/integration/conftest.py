@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
-from infra.brokers import Broker, broker_from_env
+from infra.brokers import Broker, broker_from_env, create_topics, delete_topics
+from projections.dlq import default_dead_letter_topic
 
 
 @pytest.fixture(scope="session")
@@ -27,3 +28,15 @@ def topic_name(request: pytest.FixtureRequest) -> str:
     """A topic name no other test uses (the topic itself is not created)."""
     stem = re.sub(r"[^A-Za-z0-9._-]+", "-", request.node.name).strip("-")[:80]
     return f"it.{stem}.{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+async def topic(broker: Broker, topic_name: str, request: pytest.FixtureRequest) -> AsyncIterator[str]:
+    """A fresh events topic with the requesting module's ``PARTITIONS`` (default 2), deleted afterwards
+    with the projector's dead-letter topic (a projector declares that one itself)."""
+    partitions: int = getattr(request.module, "PARTITIONS", 2)
+    await create_topics(broker.bootstrap_servers, [topic_name], partitions=partitions)
+    try:
+        yield topic_name
+    finally:
+        await delete_topics(broker.bootstrap_servers, [topic_name, default_dead_letter_topic(topic_name)])

@@ -158,26 +158,6 @@ class Played:
         return self.executed.run_ref.run_id
 
 
-def _amount_from_text(field: str, instruction: Any) -> dict[str, Any] | None:
-    if field != "amount" or isinstance(instruction, str):
-        return None
-    text = instruction[0].text
-    end = text.index(" won")
-    return {"value": int(text[5:end]), "segment_index": 0, "span": [5, end]}
-
-
-def _nothing(field: str, instruction: Any) -> None:
-    return None
-
-
-def _scheduled(instruction: Any) -> str:
-    return "scheduled"
-
-
-def _ok(name: str, args: dict[str, Any]) -> str:
-    return "ok"
-
-
 def _over_the_limit(value: Any, schema: Any, ctx: Any) -> str | None:
     """A schema check whose violation text quotes the value (as real validators do)."""
     return f"{value} is over the daily limit" if isinstance(value, int) else None
@@ -189,7 +169,7 @@ def _extractor_naming(values: Values) -> Hook:
     def extract(field: str, instruction: Any) -> dict[str, Any] | None:
         if field == "to_account":
             raise LookupError(f"no recipient like {values.to_account} in the text")
-        return _amount_from_text(field, instruction)
+        return sc.amount_from_text(field, instruction)
 
     return extract
 
@@ -216,10 +196,10 @@ def _transfer(user: str, values: Values, **extra: Any) -> dict[str, Any]:
 
 async def _play(make: Callable[..., Preflight], user: str, values: Values) -> Played:
     """The user's six runs (eight messages); tier 4 reads the worker's baseline."""
-    pf = make(extract_from_instruction=_amount_from_text)
+    pf = make(extract_from_instruction=sc.amount_from_text)
     state = await pf.run_and_record(_transfer(user, values))
     assert state.execution_decision == "execute", state.reason
-    executed = await pf.execute_if_ready(state, sc.BANK_TOOL, _ok)
+    executed = await pf.execute_if_ready(state, sc.BANK_TOOL, sc.provider_ok)
     assert executed.status == "executed"
     message = [e.model_dump(mode="json") for e in state.run_events]
 
@@ -237,7 +217,7 @@ async def _play(make: Callable[..., Preflight], user: str, values: Values) -> Pl
         "to_account": "unknown",
     }
 
-    later = make(classify_when_case=_scheduled, extract_from_instruction=_amount_from_text)
+    later = make(classify_when_case=sc.classify_scheduled, extract_from_instruction=sc.amount_from_text)
     deferred = await later.run_and_record(
         sc.transfer(
             user_id=user,
@@ -249,12 +229,12 @@ async def _play(make: Callable[..., Preflight], user: str, values: Values) -> Pl
     assert deferred.execution_decision == "deferred", deferred.reason
     assert deferred.run_ref is not None
 
-    gated = make(require_approval=True, extract_from_instruction=_amount_from_text)
+    gated = make(require_approval=True, extract_from_instruction=sc.amount_from_text)
     refused = await gated.run_and_record(_transfer(user, values))  # admission judged: a digest of the arguments
     assert refused.execution_decision == "ask_user", refused.reason
     assert [e.event_type for e in refused.run_events].count("admission_assessed") == 1
 
-    inherit = make(extract_from_instruction=_nothing)
+    inherit = make(extract_from_instruction=sc.extract_nothing)
     same = await inherit.run_and_record(
         sc.transfer(user_id=user, instruction=[{"text": "same as last time", "trust": "user"}], pre_set_data={})
     )

@@ -12,13 +12,12 @@ A fresh topic with two partitions (created explicitly, deleted after) and a fres
 from __future__ import annotations
 
 import io
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import duckdb
 import pytest
 
-from infra.brokers import Broker, create_topics, delete_topics
+from infra.brokers import Broker
 from ledger import SigningKey, digest_file
 from ledger.cli import EXIT_TAMPERED, main
 from ledger.verify import verify
@@ -31,15 +30,6 @@ pytestmark = pytest.mark.integration
 
 PARTITIONS = 2
 PHASE_TIMEOUT_S = 90.0
-
-
-@pytest.fixture
-async def topic(broker: Broker, topic_name: str) -> AsyncIterator[str]:
-    await create_topics(broker.bootstrap_servers, [topic_name], partitions=PARTITIONS)
-    try:
-        yield topic_name
-    finally:
-        await delete_topics(broker.bootstrap_servers, [topic_name])
 
 
 async def publish_runs(pf: Preflight, users: range) -> None:

@@ -36,7 +36,7 @@ import duckdb
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from infra.brokers import Broker, create_topics, delete_topics
+from infra.brokers import Broker
 from preflight import MemoryStorage, Preflight, PreflightEvent, create_preflight
 from preflight.adapters.kafka import KafkaEventSink
 from preflight.events import encode_message, seal
@@ -53,7 +53,6 @@ from projections import (
     replay,
     reset_offsets,
 )
-from projections.dlq import default_dead_letter_topic
 from projections.rows import Plan
 from tests.unit import scenario as sc
 
@@ -82,16 +81,6 @@ Messages = list[list[PreflightEvent]]
 
 
 # ---- the broker side ----------------------------------------------------------------------------------
-
-
-@pytest.fixture
-async def topic(broker: Broker, topic_name: str) -> AsyncIterator[str]:
-    """A fresh topic with two partitions, deleted afterwards (with the projector's dead-letter topic)."""
-    await create_topics(broker.bootstrap_servers, [topic_name], partitions=PARTITIONS)
-    try:
-        yield topic_name
-    finally:  # the projector declares its dead-letter topic itself
-        await delete_topics(broker.bootstrap_servers, [topic_name, default_dead_letter_topic(topic_name)])
 
 
 @pytest.fixture

@@ -14,32 +14,21 @@ import asyncio
 import base64
 import json
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from infra.brokers import Broker, create_topics, delete_topics
+from infra.brokers import Broker, delete_topics
 from preflight import MemoryStorage, create_preflight
 from preflight.events import encode_message
 from projections import Projector, log_end_offsets, open_database, reset_offsets
-from projections.dlq import DEAD_LETTER_VERSION, default_dead_letter_topic
-from tests.integration.test_projector import KEY, PARTITIONS, PHASE_TIMEOUT_S, ends_of, publish_raw, table
+from projections.dlq import DEAD_LETTER_VERSION
+from tests.integration.test_projector import KEY, PHASE_TIMEOUT_S, ends_of, publish_raw, table
 from tests.unit import scenario as sc
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-async def topic(broker: Broker, topic_name: str) -> AsyncIterator[str]:
-    """A fresh events topic (two partitions); it and the projector's dead-letter topic are deleted after."""
-    await create_topics(broker.bootstrap_servers, [topic_name], partitions=PARTITIONS)
-    try:
-        yield topic_name
-    finally:
-        await delete_topics(broker.bootstrap_servers, [topic_name, default_dead_letter_topic(topic_name)])
 
 
 async def dead_letter_records(bootstrap: str, dlq: str) -> list[tuple[bytes | None, dict[str, Any], dict[str, bytes]]]:

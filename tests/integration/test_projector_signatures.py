@@ -13,7 +13,6 @@ in a second one, so each outcome is judged against its run as the database holds
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ import duckdb
 import pytest
 
 import queries
-from infra.brokers import Broker, create_topics, delete_topics
+from infra.brokers import Broker
 from preflight import DecisionSigner, MemoryStorage, PreflightEvent, create_preflight
 from preflight.events import encode_message, seal
 from preflight.signing import format_time
@@ -32,7 +31,7 @@ from projections.dlq import default_dead_letter_topic
 from projections.rows import plan_batch, prepare_all, rows_as_dicts, to_arrow
 from projections.signatures import DecisionTrust
 from projections.store import sql, write_batch
-from tests.integration.test_projector import KEY, PARTITIONS, PHASE_TIMEOUT_S, ends_of, publish_raw, table
+from tests.integration.test_projector import KEY, PHASE_TIMEOUT_S, ends_of, publish_raw, table
 from tests.integration.test_projector_dlq import dead_letter_records
 from tests.unit import scenario as sc
 
@@ -53,16 +52,6 @@ SIGNED_COLUMNS = (
 VERDICT_COLUMNS = ("decision_signature_check", "decision_signature_problem")
 
 Run = tuple[list[PreflightEvent], PreflightEvent]
-
-
-@pytest.fixture
-async def topic(broker: Broker, topic_name: str) -> AsyncIterator[str]:
-    """A fresh events topic (two partitions); it and the projector's dead-letter topic are deleted after."""
-    await create_topics(broker.bootstrap_servers, [topic_name], partitions=PARTITIONS)
-    try:
-        yield topic_name
-    finally:
-        await delete_topics(broker.bootstrap_servers, [topic_name, default_dead_letter_topic(topic_name)])
 
 
 class Clock:

@@ -57,26 +57,6 @@ def _same_as_last_time(user: str) -> dict[str, Any]:
     return sc.transfer(user_id=user, instruction=[{"text": "same as last time", "trust": "user"}], pre_set_data={})
 
 
-def _amount_from_text(field: str, instruction: Any) -> dict[str, Any] | None:
-    if field != "amount" or isinstance(instruction, str):
-        return None
-    text = instruction[0].text
-    end = text.index(" won")
-    return {"value": int(text[5:end]), "segment_index": 0, "span": [5, end]}
-
-
-def _nothing(field: str, instruction: Any) -> None:
-    return None
-
-
-def _scheduled(instruction: Any) -> str:
-    return "scheduled"
-
-
-def _ok(name: str, args: dict[str, Any]) -> str:
-    return "ok"
-
-
 def _plaintexts(values: dict[str, Any]) -> list[bytes]:
     return [str(v).encode() for v in values.values()]
 
@@ -150,14 +130,14 @@ class TestProtectedValuesEndToEnd:
             # 1. Each user executes a transfer; a deferred run preserves an instruction with a canary.
             first: dict[str, ExecutionRecord] = {}
             for user in (ERASED, KEPT):
-                pf = make(extract_from_instruction=_amount_from_text)
+                pf = make(extract_from_instruction=sc.amount_from_text)
                 state = await pf.run_and_record(_transfer(user, values[user]))
                 assert state.execution_decision == "execute", state.reason
-                outcome = await pf.execute_if_ready(state, sc.BANK_TOOL, _ok)
+                outcome = await pf.execute_if_ready(state, sc.BANK_TOOL, sc.provider_ok)
                 assert outcome.status == "executed"
                 first[user] = outcome.state
                 messages += 2
-            later = make(classify_when_case=_scheduled, extract_from_instruction=_amount_from_text)
+            later = make(classify_when_case=sc.classify_scheduled, extract_from_instruction=sc.amount_from_text)
             deferred = await later.run_and_record(
                 sc.transfer(
                     user_id=ERASED,
@@ -170,7 +150,7 @@ class TestProtectedValuesEndToEnd:
 
             # 2. Tier 4 through the worker: every field inherited, opened with the keys.
             for user in (ERASED, KEPT):
-                again = await make(extract_from_instruction=_nothing).run_and_record(_same_as_last_time(user))
+                again = await make(extract_from_instruction=sc.extract_nothing).run_and_record(_same_as_last_time(user))
                 assert again.execution_decision == "execute", again.reason
                 assert {f.name: (f.value, f.source) for f in again.fields or ()} == {
                     name: (value, "prior_state") for name, value in values[user].items()
@@ -208,7 +188,7 @@ class TestProtectedValuesEndToEnd:
             assert sorted(store.files()) == sorted([f"{subject_handle(ERASED)}.erased", f"{subject_handle(KEPT)}.key"])
 
             # 5. The erased user's next run cannot inherit: fail closed to unknown, ask the user.
-            after = await make(extract_from_instruction=_nothing).run_and_record(_same_as_last_time(ERASED))
+            after = await make(extract_from_instruction=sc.extract_nothing).run_and_record(_same_as_last_time(ERASED))
             messages += 1
             assert after.execution_decision == "ask_user", after.reason
             assert [(f.name, f.status) for f in after.fields or ()] == [
@@ -216,7 +196,7 @@ class TestProtectedValuesEndToEnd:
                 ("amount", "unknown"),
                 ("to_account", "unknown"),
             ]
-            kept = await make(extract_from_instruction=_nothing).run_and_record(_same_as_last_time(KEPT))
+            kept = await make(extract_from_instruction=sc.extract_nothing).run_and_record(_same_as_last_time(KEPT))
             messages += 1
             assert kept.execution_decision == "execute"
             assert {f.name: f.value for f in kept.fields or ()} == values[KEPT]

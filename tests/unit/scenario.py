@@ -52,6 +52,27 @@ def measure_nothing(field: str, ctx: Any) -> None:
     return None
 
 
+def amount_from_text(field: str, instruction: Any) -> dict[str, Any] | None:
+    """The amount read from the first segment of "send <amount> won ...": the user's own words."""
+    if field != "amount" or isinstance(instruction, str):
+        return None
+    text = instruction[0].text
+    end = text.index(" won")
+    return {"value": int(text[5:end]), "segment_index": 0, "span": [5, end]}
+
+
+def extract_nothing(field: str, instruction: Any) -> None:
+    return None
+
+
+def classify_scheduled(instruction: Any) -> str:
+    return "scheduled"
+
+
+def provider_ok(name: str, args: dict[str, Any]) -> str:
+    return "ok"
+
+
 def key_by_tool(user_id: str | None, fixed: Mapping[str, Any]) -> str:
     return f"{user_id}:{fixed['c3_provider_action_name']}"
 
