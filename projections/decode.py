@@ -61,6 +61,9 @@ __all__ = [
 ]
 
 _SORTED: Final = orjson.OPT_SORT_KEYS
+_DIGEST_LENGTH: Final = 64  # hex digits of a SHA-256 digest
+#: Integers that go to an INTEGER column (a tail's `seq`, a checklist item's index) lie below this.
+_INTEGER_LIMIT: Final = 2**31
 
 
 EventJson = dict[str, Any]
@@ -215,6 +218,8 @@ def _decode(incoming: Incoming) -> Decoded:
     if events[0]["event_type"] in TAIL_EVENT_TYPES:
         if len(events) != 1:
             raise _Reject("incomplete_run", "a tail message carries exactly one outcome event", run_id)
+        if events[0]["seq"] >= _INTEGER_LIMIT:
+            raise _Reject("unprojectable", f"seq {events[0]['seq']} is beyond the archive's INTEGER column", run_id)
         return VerifiedTail(incoming, run_id, events[0], encoded[0])
     _check_run(events, run_id)
     return VerifiedRun(incoming, run_id, tuple(events), tuple(encoded))
@@ -241,13 +246,22 @@ def _fast_path(value: bytes) -> tuple[list[EventJson], list[bytes]] | None:
         for name in _FLOAT_HOLDERS[event["event_type"]]:
             if name in event and _has_float(event[name]):
                 return None
+        claimed = event["hash"]
+        if len(claimed) != _DIGEST_LENGTH:  # no SHA-256 hex digest: the reference path names the defect
+            return None
         try:
             full = orjson.dumps(event, option=_SORTED)
-        except TypeError:  # an integer beyond 64 bits
+            member = b',"hash":"' + claimed.encode("ascii") + b'"'
+        except (TypeError, UnicodeEncodeError):  # an integer beyond 64 bits; a digest that is not ASCII
             return None
-        claimed = event["hash"]
-        hashed = _without_hash(full, claimed)
-        if hashed is None or hashlib.sha256(event["prev_hash"].encode() + b"\n" + hashed).hexdigest() != claimed:
+        # A hex digest needs no escaping, so `member` is its exact bytes in `full`; "hash" is never the
+        # first key (every event has "action_key"). The hashed body is `full` without it.
+        at = full.find(member)
+        if at < 0:
+            return None
+        digest = hashlib.sha256(event["prev_hash"].encode() + b"\n" + full[:at])
+        digest.update(full[at + len(member) :])
+        if digest.hexdigest() != claimed:
             return None
         texts.append(full)
     return events, texts
@@ -432,3 +446,5 @@ def _check_run(events: Sequence[EventJson], run_id: str) -> None:
         raise _Reject("unprojectable", "field_resolved events need distinct, non-empty field names", run_id)
     if len(set(indexes)) != len(indexes):
         raise _Reject("unprojectable", "checklist_item_verified events repeat an item index", run_id)
+    if any(not -_INTEGER_LIMIT <= index < _INTEGER_LIMIT for index in indexes):
+        raise _Reject("unprojectable", "a checklist item index is beyond the INTEGER column it goes to", run_id)

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 import orjson
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from preflight.events import (
     canonical_json,
@@ -54,14 +55,12 @@ __all__ = [
     "RawMessage",
     "StoredRun",
     "TableSpec",
-    "archive_rows",
     "dead_letter_row",
     "detached",
     "plan_batch",
     "prepare_all",
     "raw",
     "rows_as_dicts",
-    "run_rows",
     "to_arrow",
 ]
 
@@ -350,18 +349,6 @@ CANDIDATE_TABLES: Final = (ARCHIVE, RUNS, FIELDS, CHECKLIST, GATES, EXECUTIONS)
 _OUTCOME_COLUMNS: Final = ("outcome", "outcome_at", "event_count", "last_seq", "last_hash")
 
 
-@dataclass(frozen=True, slots=True)
-class RunRows:
-    """The rows one verified run adds, and the run as the projection holds it once they are written."""
-
-    archive: list[tuple[Any, ...]]
-    run: tuple[Any, ...]
-    fields: list[tuple[Any, ...]]
-    checklist: list[tuple[Any, ...]]
-    gate: tuple[Any, ...] | None
-    state: StoredRun
-
-
 @dataclass
 class Plan:
     """What one batch changes: `tables[name]` holds the rows to write in each batch table (`TABLES`), as an
@@ -401,189 +388,283 @@ def _json(value: Any) -> str:
         return canonical_json(value).decode("utf-8")
 
 
-# ---- rows of one run ------------------------------------------------------------------------------------
+# ---- a chunk's rows, column by column ----------------------------------------------------------------
+#
+# Rows are built as columns over the whole chunk (one comprehension per column), not as one tuple per
+# row: that is what building them costs, and the Arrow arrays are made from the columns directly.
 
 
-def archive_rows(events: Sequence[EventJson], encoded: Sequence[bytes], incoming: Incoming) -> list[tuple[Any, ...]]:
-    """One `archive` row per event: envelope columns, canonical JSON, and where it was read."""
-    topic, partition, offset = incoming.topic, incoming.partition, incoming.offset
-    return [
-        (
-            e["event_id"].lower(),
-            e["run_id"],
-            e["seq"],
-            e["event_type"],
-            e["schema_version"],
-            e["action_key"],
-            e["user_id"],
-            e["agent_id"],
-            e["occurred_at"],
-            e["hash"],
-            e["prev_hash"],
-            text,
-            topic,
-            partition,
-            offset,
-            index,
-        )
-        for index, (e, text) in enumerate(zip(events, encoded, strict=True))
-    ]
+def _strings(values: list[Any]) -> pa.Array:
+    """A string column of payload values (`_str`: anything but a string is NULL). Arrow refuses every
+    other JSON value (number, bool, object, array) for a string column, so the guard runs only then."""
+    try:
+        return pa.array(values, type=_S)
+    except (pa.ArrowTypeError, pa.ArrowInvalid):
+        return pa.array([v if type(v) is str else None for v in values], type=_S)
 
 
-def run_rows(run: VerifiedRun) -> RunRows:
-    """Every row a verified run adds: archive, runs, field_provenance, checklist_results, gate_decisions."""
-    events = run.events
-    started = events[0]
-    close = run.close
-    fixed: EventJson | None = None
-    match: EventJson | None = None
-    approved: EventJson | None = None
-    blocked: EventJson | None = None
-    field_events: list[EventJson] = []
-    checklist_events: list[EventJson] = []
-    for event in events:
-        event_type = event["event_type"]
-        if event_type == "field_resolved":
-            field_events.append(event)
-        elif event_type == "checklist_item_verified":
-            checklist_events.append(event)
-        elif event_type == "fixed_checklist_resolved":
-            fixed = event
-        elif event_type == "tool_match_decided":
-            match = event
-        elif event_type == "execution_approved":
-            approved = event
-        elif event_type == "gate_blocked":
-            blocked = event
-    who = (close["action_key"], close["user_id"], close["agent_id"])
-    fixed_values = fixed["fixed"] if fixed is not None else {}
-    closing = close["record"]
-    values: dict[str, Any] = {
-        "run_id": run.run_id,
-        "action_key": close["action_key"],
-        "user_id": started["user_id"],
-        "agent_id": started["agent_id"],
-        "tool": started["tool_name"],
-        "tool_digest": started["tool_digest"],
-        "has_input_schema": started["has_input_schema"],
-        "intent_fingerprint": started["intent_fingerprint"],
-        "intent_attempt": _int(started["intent_attempt"]),
-        "tool_attempt": _int(started["tool_attempt"]),
-        "phase": match["phase"] if match is not None else None,
-        "c1_when_case": _str(fixed_values.get("c1_when_case")),
-        "c2_user_action_name": _str(fixed_values.get("c2_user_action_name")),
-        "c2_source": _str(fixed_values.get("c2_source")),
-        "c3_provider_action_name": _str(fixed_values.get("c3_provider_action_name")),
-        "c3_approved": match["approved"] if match is not None else None,
-        "c3_reason": match["reason"] if match is not None else None,
-        "fixed_issues": _json(fixed["issues"]) if fixed is not None else None,
-        "decision": close["decision"],
-        "reason": _str(closing.get("reason")),
-        "unknown_count": _int(closing.get("unknown_count")),
-        "unverified_count": _int(closing.get("unverified_checklist_count")),
-        "fields_computed": _bool(closing.get("fields_computed")),
-        "decision_id": approved["decision_id"] if approved is not None else None,
-        "arguments_digest": approved["arguments_digest"] if approved is not None else None,
-        "started_at": started["occurred_at"],
-        "closed_at": close["occurred_at"],
-        "closing_event_count": close["event_count"],
-        "close_hash": close["hash"],
-        "event_count": len(events),
-        "last_seq": close["seq"],
-        "last_hash": close["hash"],
-        "outcome": None,
-        "outcome_at": None,
-        "topic": run.incoming.topic,
-        "partition": run.incoming.partition,
-        "offset": run.incoming.offset,
-        "gap_class": blocked["gap_class"] if blocked is not None else None,
-        "decision_signature_check": None,  # checked with the trusted keys: projections.signatures
-        "decision_signature_problem": None,
+def _ints(values: Sequence[Any]) -> pa.Array:
+    """An INTEGER column of payload values (`_int`). Arrow would take 1.0 for 1: every value is checked."""
+    return pa.array([v if type(v) is int and -_INT32 <= v < _INT32 else None for v in values], type=_I)
+
+
+def _bools(values: Sequence[Any]) -> pa.Array:
+    """A BOOLEAN column of payload values (`_bool`)."""
+    return pa.array([v if type(v) is bool else None for v in values], type=_B)
+
+
+def _spans(evidence: Sequence[EventJson]) -> tuple[pa.Array, pa.Array]:
+    """The start and end columns of each evidence's `span` ([start, end]; else both NULL)."""
+    spans = [e.get("span") for e in evidence]
+    pairs = [s if type(s) is list and len(s) == 2 else _NO_SPAN for s in spans]
+    return _ints([p[0] for p in pairs]), _ints([p[1] for p in pairs])
+
+
+_NO_SPAN: Final = (None, None)
+
+
+def _columns(spec: TableSpec, columns: Mapping[str, Any], rows: int) -> pa.Table:
+    """A table of `spec` from its columns (arrays or lists; absent: all NULL)."""
+    arrays = []
+    for name, kind in spec.columns:
+        values = columns.get(name)
+        if values is None:
+            arrays.append(pa.nulls(rows, type=kind))
+        elif isinstance(values, pa.Array):
+            arrays.append(values)
+        else:
+            arrays.append(_array(values, kind))
+    return pa.Table.from_arrays(arrays, schema=spec.schema)
+
+
+def _archive_table(
+    events: list[EventJson], texts: list[bytes], where: list[int], indexes: list[int], incoming: Sequence[Incoming]
+) -> pa.Table:
+    """One `archive` row per verified event: envelope columns, canonical JSON, and where it was read."""
+    messages = pa.array(where, type=pa.int32())
+    return _columns(
+        ARCHIVE,
+        {
+            "event_id": pc.utf8_lower(pa.array([e["event_id"] for e in events], type=_S)),
+            "run_id": [e["run_id"] for e in events],
+            "seq": [e["seq"] for e in events],
+            "event_type": [e["event_type"] for e in events],
+            "schema_version": [e["schema_version"] for e in events],
+            "action_key": [e["action_key"] for e in events],
+            "user_id": [e["user_id"] for e in events],
+            "agent_id": [e["agent_id"] for e in events],
+            "occurred_at": [e["occurred_at"] for e in events],
+            "hash": [e["hash"] for e in events],
+            "prev_hash": [e["prev_hash"] for e in events],
+            "event": texts,
+            "topic": pa.array([m.topic for m in incoming], type=_S).take(messages),
+            "partition": pa.array([m.partition for m in incoming], type=_I).take(messages),
+            "offset": pa.array([m.offset for m in incoming], type=_L).take(messages),
+            "message_index": indexes,
+        },
+        len(events),
+    )
+
+
+@dataclass
+class _RunParts:
+    """The events of each verified run of a chunk that its rows are read from (None: the run has none)."""
+
+    runs: list[VerifiedRun] = field(default_factory=list)
+    started: list[EventJson] = field(default_factory=list)
+    closed: list[EventJson] = field(default_factory=list)
+    fixed: list[EventJson | None] = field(default_factory=list)
+    matched: list[EventJson | None] = field(default_factory=list)
+    approved: list[EventJson | None] = field(default_factory=list)
+    blocked: list[EventJson | None] = field(default_factory=list)
+    #: field_resolved / checklist_item_verified events of every run, with their run's position in `runs`
+    fields: list[EventJson] = field(default_factory=list)
+    field_runs: list[int] = field(default_factory=list)
+    field_indexes: list[int] = field(default_factory=list)
+    checklist: list[EventJson] = field(default_factory=list)
+    checklist_runs: list[int] = field(default_factory=list)
+
+    def add(self, run: VerifiedRun) -> tuple[tuple[int, int], tuple[int, int]]:
+        """Take in a run; the spans [start, stop) of its rows in the fields and checklist tables."""
+        position = len(self.runs)
+        f0, c0 = len(self.fields), len(self.checklist)
+        fixed = match = approved = blocked = None
+        index = 0
+        for event in run.events:
+            event_type = event["event_type"]
+            if event_type == "field_resolved":
+                self.fields.append(event)
+                self.field_runs.append(position)
+                self.field_indexes.append(index)
+                index += 1
+            elif event_type == "checklist_item_verified":
+                self.checklist.append(event)
+                self.checklist_runs.append(position)
+            elif event_type == "fixed_checklist_resolved":
+                fixed = event
+            elif event_type == "tool_match_decided":
+                match = event
+            elif event_type == "execution_approved":
+                approved = event
+            elif event_type == "gate_blocked":
+                blocked = event
+        self.runs.append(run)
+        self.started.append(run.events[0])
+        self.closed.append(run.close)
+        self.fixed.append(fixed)
+        self.matched.append(match)
+        self.approved.append(approved)
+        self.blocked.append(blocked)
+        return (f0, len(self.fields)), (c0, len(self.checklist))
+
+
+def _runs_table(parts: _RunParts) -> tuple[pa.Table, list[StoredRun]]:
+    """The `runs` row of each run (see `StoredRun` for what a later outcome is judged against)."""
+    runs, started, closed = parts.runs, parts.started, parts.closed
+    fixed = [f["fixed"] if f is not None else {} for f in parts.fixed]
+    matched, approved, blocked = parts.matched, parts.approved, parts.blocked
+    records = [c["record"] for c in closed]
+    signatures: list[Any] = [a.get("signature") if a is not None else None for a in approved]
+    run_ids = [r.run_id for r in runs]
+    close_hashes = [c["hash"] for c in closed]
+    decision_ids = [a["decision_id"] if a is not None else None for a in approved]
+    tools = [a["tool_name"] if a is not None else None for a in approved]
+    digests = [a["arguments_digest"] if a is not None else None for a in approved]
+    counts = [len(r.events) for r in runs]
+    signed = {column: [s.get(name) if s else None for s in signatures] for name, column in _SIGNATURE_COLUMNS.items()}
+    columns: dict[str, Any] = {
+        "run_id": run_ids,
+        "action_key": [c["action_key"] for c in closed],
+        "user_id": [s["user_id"] for s in started],
+        "agent_id": [s["agent_id"] for s in started],
+        "tool": [s["tool_name"] for s in started],
+        "tool_digest": [s["tool_digest"] for s in started],
+        "has_input_schema": [s["has_input_schema"] for s in started],
+        "intent_fingerprint": [s["intent_fingerprint"] for s in started],
+        "intent_attempt": _ints([s["intent_attempt"] for s in started]),
+        "tool_attempt": _ints([s["tool_attempt"] for s in started]),
+        "phase": [m["phase"] if m is not None else None for m in matched],
+        "c1_when_case": _strings([f.get("c1_when_case") for f in fixed]),
+        "c2_user_action_name": _strings([f.get("c2_user_action_name") for f in fixed]),
+        "c2_source": _strings([f.get("c2_source") for f in fixed]),
+        "c3_provider_action_name": _strings([f.get("c3_provider_action_name") for f in fixed]),
+        "c3_approved": [m["approved"] if m is not None else None for m in matched],
+        "c3_reason": [m["reason"] if m is not None else None for m in matched],
+        "fixed_issues": [_json(f["issues"]) if f is not None else None for f in parts.fixed],
+        "decision": [c["decision"] for c in closed],
+        "reason": _strings([r.get("reason") for r in records]),
+        "unknown_count": _ints([r.get("unknown_count") for r in records]),
+        "unverified_count": _ints([r.get("unverified_checklist_count") for r in records]),
+        "fields_computed": _bools([r.get("fields_computed") for r in records]),
+        "decision_id": decision_ids,
+        "arguments_digest": digests,
+        "started_at": [s["occurred_at"] for s in started],
+        "closed_at": [c["occurred_at"] for c in closed],
+        "closing_event_count": [c["event_count"] for c in closed],
+        "close_hash": close_hashes,
+        "event_count": counts,
+        "last_seq": [c["seq"] for c in closed],
+        "last_hash": close_hashes,
+        "topic": [r.incoming.topic for r in runs],
+        "partition": [r.incoming.partition for r in runs],
+        "offset": [r.incoming.offset for r in runs],
+        "gap_class": [b["gap_class"] if b is not None else None for b in blocked],
+        "decision_tool": tools,
+        **{column: _strings(values) for column, values in signed.items()},
+        # outcome, outcome_at: set by the planner; the signature verdict: projections.signatures
     }
-    values.update(_decision_columns(approved))
-    row = tuple(values[name] for name in RUNS.names)
-    state = StoredRun(
-        run_id=run.run_id,
-        action_key=close["action_key"],
-        decision=close["decision"],
-        close_hash=close["hash"],
-        last_seq=close["seq"],
-        last_hash=close["hash"],
-        event_count=len(events),
-        outcome=None,
-        decision_id=values["decision_id"],
-        tool=values["decision_tool"],
-        arguments_digest=values["arguments_digest"],
-        decision_issued_at=values["decision_issued_at"],
-        decision_expires_at=values["decision_expires_at"],
-    )
-    fields = [_field_row(run.run_id, index, event, who) for index, event in enumerate(field_events)]
-    checklist = [_checklist_row(run.run_id, event) for event in checklist_events]
-    gate = None
-    if blocked is not None:
-        gate = (
-            run.run_id,
-            *who,
-            started["tool_name"],
-            blocked["gate_name"],
-            blocked["kind"],
-            blocked["decision"],
-            blocked["gap_class"],
-            list(blocked["unknown_fields"]),
-            list(blocked["unverified_items"]),
-            _json(blocked["gate"]) if blocked["gate"] is not None else None,
-            blocked["occurred_at"],
+    issued = columns["decision_issued_at"].to_pylist()
+    expires = columns["decision_expires_at"].to_pylist()
+    states = [
+        StoredRun(run_id, c["action_key"], c["decision"], close_hash, c["seq"], close_hash, count, None, *decision)
+        for run_id, c, close_hash, count, *decision in zip(
+            run_ids, closed, close_hashes, counts, decision_ids, tools, digests, issued, expires, strict=True
         )
-    return RunRows(archive_rows(events, run.encoded, run.incoming), row, fields, checklist, gate, state)
+    ]
+    return _columns(RUNS, columns, len(runs)), states
 
 
-def _field_row(
-    run_id: str, index: int, event: EventJson, who: tuple[str | None, str | None, str | None]
-) -> tuple[Any, ...]:
-    f, ev = event["field"], event["evidence"]
-    source, origin = _str(f.get("source")), _str(f.get("origin_source"))
-    span = ev.get("span")
-    start, end = (_int(span[0]), _int(span[1])) if isinstance(span, list) and len(span) == 2 else (None, None)
-    return (
-        run_id,
-        index,
-        f["name"],
-        *who,
-        _json(f["value"]) if "value" in f else None,
-        _str(f.get("status")),
-        source,
-        origin,
-        SUPPLIED_BY.get(origin) if origin is not None else None,
-        SUPPLIED_VIA.get(source) if source is not None else None,
-        _str(f.get("resolved_at")),
-        _str(ev.get("tier")),
-        _int(ev.get("segment_index")),
-        start,
-        end,
-        _str(ev.get("segment_origin")),
-        _str(ev.get("pre_set_origin")),
-        _bool(ev.get("measured")),
-        _str(ev.get("baseline")),
-        _str(ev.get("baseline_run_id")),
-        _str(ev.get("baseline_timestamp")),
-        f.get("lookup_failed") is True,
-        f.get("pending_at_trigger") is True,
-        _str(f.get("note")),
+def _fields_table(parts: _RunParts) -> pa.Table:
+    """One `field_provenance` row per field_resolved event: the value, where it came from, who supplied it."""
+    events, owners = parts.fields, parts.field_runs
+    f = [e["field"] for e in events]
+    ev = [e["evidence"] for e in events]
+    sources = [x.get("source") for x in f]
+    origins = [x.get("origin_source") for x in f]
+    starts, ends = _spans(ev)
+    closed = parts.closed
+    return _columns(
+        FIELDS,
+        {
+            "run_id": [parts.runs[p].run_id for p in owners],
+            "field_index": parts.field_indexes,
+            "name": [x["name"] for x in f],
+            "action_key": [closed[p]["action_key"] for p in owners],
+            "user_id": [closed[p]["user_id"] for p in owners],
+            "agent_id": [closed[p]["agent_id"] for p in owners],
+            "value": [_json(x["value"]) if "value" in x else None for x in f],
+            "status": _strings([x.get("status") for x in f]),
+            "source": _strings(sources),
+            "origin_source": _strings(origins),
+            "supplied_by": [SUPPLIED_BY.get(o) if type(o) is str else None for o in origins],
+            "supplied_via": [SUPPLIED_VIA.get(s) if type(s) is str else None for s in sources],
+            "resolved_at": _strings([x.get("resolved_at") for x in f]),
+            "tier": _strings([x.get("tier") for x in ev]),
+            "segment_index": _ints([x.get("segment_index") for x in ev]),
+            "span_start": starts,
+            "span_end": ends,
+            "segment_origin": _strings([x.get("segment_origin") for x in ev]),
+            "pre_set_origin": _strings([x.get("pre_set_origin") for x in ev]),
+            "measured": _bools([x.get("measured") for x in ev]),
+            "baseline": _strings([x.get("baseline") for x in ev]),
+            "baseline_run_id": _strings([x.get("baseline_run_id") for x in ev]),
+            "baseline_timestamp": _strings([x.get("baseline_timestamp") for x in ev]),
+            "lookup_failed": [x.get("lookup_failed") is True for x in f],
+            "pending_at_trigger": [x.get("pending_at_trigger") is True for x in f],
+            "note": _strings([x.get("note") for x in f]),
+        },
+        len(events),
     )
 
 
-def _checklist_row(run_id: str, event: EventJson) -> tuple[Any, ...]:
-    item = event["item"]
+def _checklist_table(parts: _RunParts) -> pa.Table:
+    """One `checklist_results` row per checklist_item_verified event."""
+    events = parts.checklist
+    items = [e["item"] for e in events]
+    return _columns(
+        CHECKLIST,
+        {
+            "run_id": [parts.runs[p].run_id for p in parts.checklist_runs],
+            "item_index": [e["index"] for e in events],
+            "item_id": _strings([i.get("id") for i in items]),
+            "description": _strings([i.get("description") for i in items]),
+            "status": _strings([i.get("status") for i in items]),
+            "source": _strings([i.get("source") for i in items]),
+            "note": _strings([i.get("note") for i in items]),
+            "verified_at": _strings([i.get("verified_at") for i in items]),
+            "item": [_json(i) for i in items],
+        },
+        len(events),
+    )
+
+
+def _gate_row(run: VerifiedRun, blocked: EventJson) -> tuple[Any, ...]:
+    """The `gate_decisions` row of a run a gate stopped."""
+    close = run.close
     return (
-        run_id,
-        event["index"],
-        _str(item.get("id")),
-        _str(item.get("description")),
-        _str(item.get("status")),
-        _str(item.get("source")),
-        _str(item.get("note")),
-        _str(item.get("verified_at")),
-        _json(item),
+        run.run_id,
+        close["action_key"],
+        close["user_id"],
+        close["agent_id"],
+        run.events[0]["tool_name"],
+        blocked["gate_name"],
+        blocked["kind"],
+        blocked["decision"],
+        blocked["gap_class"],
+        list(blocked["unknown_fields"]),
+        list(blocked["unverified_items"]),
+        _json(blocked["gate"]) if blocked["gate"] is not None else None,
+        blocked["occurred_at"],
     )
 
 
@@ -610,9 +691,9 @@ def dead_letter_row(rejected: Rejected) -> tuple[Any, ...]:
 # `prepare_all` turns consecutive messages into their candidate rows -- Arrow tables for the whole chunk
 # -- and, per message, what the planner judges it by and where its rows are in those tables. In a decode
 # worker process, only Arrow buffers and small values travel back (`detached`): not the messages, which
-# the projector still holds, and not one Python object per row. The per-message values are named tuples
-# (StoredRun too): they pickle several times faster than dataclasses, and a chunk's worth of them is
-# what its transfer costs.
+# the projector still holds, and not one Python object per row (a run's event_ids, say, are read from
+# its archive rows). The per-message values are named tuples (StoredRun too): they pickle several times
+# faster than dataclasses, and a chunk's worth of them is what its transfer costs.
 
 
 class PreparedRun(NamedTuple):
@@ -621,9 +702,8 @@ class PreparedRun(NamedTuple):
     position: int  # of its message in the chunk
     run_id: str
     close_hash: str
-    event_ids: tuple[str, ...]
     state: StoredRun  # the run as stored once its rows are written
-    archive: tuple[int, int]  # [start, stop) in the chunk's archive table
+    archive: tuple[int, int]  # [start, stop) in the chunk's archive table (its event_ids are there too)
     run_row: int
     fields: tuple[int, int]
     checklist: tuple[int, int]
@@ -683,74 +763,72 @@ def _array(values: Sequence[Any], kind: Any) -> pa.Array:
 
 def prepare_all(incoming: Sequence[Incoming]) -> PreparedChunk:
     """Decode and verify each message (`projections.decode`) and build its rows. Pure."""
-    archive: list[tuple[Any, ...]] = []
-    runs: list[tuple[Any, ...]] = []
-    fields: list[tuple[Any, ...]] = []
-    checklist: list[tuple[Any, ...]] = []
+    events: list[EventJson] = []  # every verified event, in message order: the archive's rows
+    texts: list[bytes] = []
+    where: list[int] = []  # the position of each one's message in `incoming`
+    indexes: list[int] = []  # and its index in that message
+    parts = _RunParts()
     gates: list[tuple[Any, ...]] = []
     executions: list[tuple[Any, ...]] = []
-    items: list[Prepared] = []
-    for index, message in enumerate(incoming):
+    items: list[Prepared | None] = []
+    runs: list[tuple[int, int, tuple[Any, ...]]] = []  # its item, its message, its spans and rows
+    for position, message in enumerate(incoming):
         decoded = decode_incoming(message)
         if isinstance(decoded, Rejected):
             items.append(decoded)
-        elif isinstance(decoded, VerifiedRun):
-            built = run_rows(decoded)
-            a0, f0, c0 = len(archive), len(fields), len(checklist)
-            archive.extend(built.archive)
-            fields.extend(built.fields)
-            checklist.extend(built.checklist)
+            continue
+        first = len(events)
+        if isinstance(decoded, VerifiedRun):
+            count = len(decoded.events)
+            events.extend(decoded.events)
+            texts.extend(decoded.encoded)
+            where.extend([position] * count)
+            indexes.extend(range(count))
+            run_row = len(parts.runs)
+            fields, checklist = parts.add(decoded)
+            blocked = parts.blocked[run_row]
             gate_row = -1
-            if built.gate is not None:
+            if blocked is not None:
                 gate_row = len(gates)
-                gates.append(built.gate)
-            runs.append(built.run)
-            items.append(
-                PreparedRun(
-                    position=index,
-                    run_id=decoded.run_id,
-                    close_hash=decoded.close["hash"],
-                    event_ids=tuple(e["event_id"].lower() for e in decoded.events),
-                    state=built.state,
-                    archive=(a0, len(archive)),
-                    run_row=len(runs) - 1,
-                    fields=(f0, len(fields)),
-                    checklist=(c0, len(checklist)),
-                    gate_row=gate_row,
-                )
+                gates.append(_gate_row(decoded, blocked))
+            runs.append((len(items), position, ((first, len(events)), run_row, fields, checklist, gate_row)))
+            items.append(None)  # made once every run's state is known (`_runs_table`)
+            continue
+        e = decoded.event
+        events.append(e)
+        texts.append(decoded.encoded)
+        where.append(position)
+        indexes.append(0)
+        executions.append(_execution_row(decoded))
+        items.append(
+            PreparedTail(
+                position=position,
+                run_id=decoded.run_id,
+                event_id=e["event_id"].lower(),
+                event_type=e["event_type"],
+                seq=e["seq"],
+                hash=e["hash"],
+                prev_hash=e["prev_hash"],
+                decision_id=e["decision_id"],
+                tool_name=e["tool_name"],
+                arguments_digest=e["arguments_digest"],
+                timestamp=e["timestamp"],
+                archive_row=first,
+                execution_row=len(executions) - 1,
             )
-        else:
-            e = decoded.event
-            archive.extend(archive_rows([e], [decoded.encoded], message))
-            executions.append(_execution_row(decoded))
-            items.append(
-                PreparedTail(
-                    position=index,
-                    run_id=decoded.run_id,
-                    event_id=e["event_id"].lower(),
-                    event_type=e["event_type"],
-                    seq=e["seq"],
-                    hash=e["hash"],
-                    prev_hash=e["prev_hash"],
-                    decision_id=e["decision_id"],
-                    tool_name=e["tool_name"],
-                    arguments_digest=e["arguments_digest"],
-                    timestamp=e["timestamp"],
-                    archive_row=len(archive) - 1,
-                    execution_row=len(executions) - 1,
-                )
-            )
-    rows = {
-        ARCHIVE.name: archive,
-        RUNS.name: runs,
-        FIELDS.name: fields,
-        CHECKLIST.name: checklist,
-        GATES.name: gates,
-        EXECUTIONS.name: executions,
+        )
+    runs_table, states = _runs_table(parts)
+    for (index, position, rows), run, state in zip(runs, parts.runs, states, strict=True):
+        items[index] = PreparedRun(position, run.run_id, state.close_hash, state, *rows)
+    tables = {
+        ARCHIVE.name: _archive_table(events, texts, where, indexes, incoming),
+        RUNS.name: runs_table,
+        FIELDS.name: _fields_table(parts),
+        CHECKLIST.name: _checklist_table(parts),
+        GATES.name: _table(GATES, gates),
+        EXECUTIONS.name: _table(EXECUTIONS, executions),
     }
-    return PreparedChunk(
-        tuple(incoming), tuple(items), {spec.name: _table(spec, rows[spec.name]) for spec in CANDIDATE_TABLES}
-    )
+    return PreparedChunk(tuple(incoming), tuple(i for i in items if i is not None), tables)
 
 
 #: A message as a decode worker receives it: `Incoming`'s fields as a plain tuple (cheaper to pickle).
@@ -891,6 +969,7 @@ def plan_batch(
         base = dict(bases)
         for spec in CANDIDATE_TABLES:
             bases[spec.name] += chunk.tables[spec.name].num_rows
+        archived_ids: list[str] | None = None  # the chunk's archive rows' event_ids, read on first need
         for item in chunk.items:
             m = chunk.message(item)
             where = (m.topic, m.partition)
@@ -912,11 +991,14 @@ def plan_batch(
                         reason = f"run {item.run_id} seen before with other content"
                         dead(Rejected(m, "run_id_conflict", reason, item.run_id))
                     continue
-                if not ids_free(item.event_ids):
+                if archived_ids is None:
+                    archived_ids = chunk.tables[ARCHIVE.name].column("event_id").to_pylist()
+                ids = archived_ids[item.archive[0] : item.archive[1]]
+                if not ids_free(ids):
                     dead(Rejected(m, "event_id_reused", "an event_id of this run is already archived", item.run_id))
                     continue
-                seen_ids.update(item.event_ids)
-                event_ids.extend(item.event_ids)
+                seen_ids.update(ids)
+                event_ids.extend(ids)
                 new_runs[item.run_id] = (item, base)
                 states[item.run_id] = item.state
                 counts["runs"] += 1

@@ -228,7 +228,7 @@ class DecisionTrust:
 def check_decisions(chunk: PreparedChunk, trust: DecisionTrust | None) -> PreparedChunk:
     """`chunk` with each `execute` run's decision checked against `trust` (the chunk itself without one):
     the verdict in its `runs` row and in its state (which has the decision's validity period from
-    `projections.rows.run_rows`). Pure."""
+    `projections.rows.prepare_all`). Pure."""
     if trust is None:
         return chunk
     approved = [

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import itertools
 import json
 import pickle
 import uuid
@@ -40,6 +41,7 @@ from preflight import (
 )
 from preflight.events import (
     EVENT_TYPES,
+    TAIL_EVENT_TYPES,
     ExecutionApproved,
     PreflightEvent,
     canonical_json,
@@ -48,6 +50,7 @@ from preflight.events import (
     encode_message,
     seal,
 )
+from preflight.records import UNKEYED_RECORD_KEY
 from preflight_audit import scenarios
 from projections import open_database, store
 from projections.decode import _MESSAGE as SHAPES
@@ -61,6 +64,7 @@ from projections.decode import (
     decode_incoming,
 )
 from projections.rows import (
+    CANDIDATE_TABLES,
     TABLES,
     Plan,
     PreparedRun,
@@ -221,6 +225,22 @@ class TestDecode:
         for broken in ({**events[1], "seq": "1"}, {**events[1], "surprise": True}, {**events[1], "fixed": "c1"}):
             rejected = decode_incoming(raw_message([events[0], broken, *events[2:]]))
             assert isinstance(rejected, Rejected) and rejected.code == "malformed_event", broken
+
+    async def test_an_integer_beyond_its_column_is_refused_not_a_crash(self) -> None:
+        """A tail's seq and a checklist item's index go to INTEGER columns: beyond them, the message is a
+        dead letter (before, building its Arrow rows raised and stopped the projector)."""
+        _, tail = await executed()
+        far = resealed([{**tail.model_dump(mode="json"), "seq": 2**31}])
+        events = dumped((await asked()).run_events)
+        (at,) = [i for i, e in enumerate(events) if e["event_type"] == "checklist_item_verified"]
+        events[at]["index"] = -(2**31) - 1
+        for item in (raw_message(far, 0), raw_message(resealed(events), 1)):
+            chunk = prepare_all([item])
+            (rejected,) = chunk.items
+            assert isinstance(rejected, Rejected) and rejected.code == "unprojectable", rejected
+            assert "INTEGER" in rejected.reason
+        edge = resealed([{**tail.model_dump(mode="json"), "seq": 2**31 - 1}])
+        assert isinstance(decode_incoming(raw_message(edge)), VerifiedTail)
 
     async def test_an_event_id_that_is_not_a_uuid_is_refused(self) -> None:
         events = dumped((await asked()).run_events)
@@ -709,6 +729,22 @@ class TestPrepared:
         assert chunk.tables["runs"].column("outcome")[run.run_row].as_py() is None  # the plan merged a copy
         assert chunk.message(run) == items[0]  # the plan may still dead-letter it, with its original bytes
 
+    @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(cuts=st.sets(st.integers(1, 170), max_size=12))
+    def test_where_a_batch_is_cut_into_chunks_changes_nothing(self, cuts: set[int]) -> None:
+        """Rows are built column by column over a whole chunk: each run's rows, spans and state are the same
+        wherever the chunk boundaries fall (every event type, signed decisions, outcomes, a dead letter)."""
+        messages = demo_messages()
+        bounds = [0, *sorted(c for c in cuts if c < len(messages)), len(messages)]
+        chunks = [prepare_all(messages[a:b]) for a, b in itertools.pairwise(bounds)]
+        whole = plan_batch([prepare_all(messages)], {}, projection="p", next_offsets={})
+        cut = plan_batch(chunks, {}, projection="p", next_offsets={})
+        assert contents(cut) == contents(whole)
+        assert cut.states == whole.states and cut.event_ids == whole.event_ids
+        assert whole.counts["runs"] > 100 and whole.counts["outcomes"] > 20 and whole.counts["duplicates"] == 1
+        filled = {name for name, table in whole.tables.items() if table.num_rows}
+        assert filled >= {spec.name for spec in CANDIDATE_TABLES}
+
     async def test_a_batch_of_several_chunks(self) -> None:
         """Rows are taken from every chunk; an outcome merges into its run from an earlier chunk."""
         first = await asked()
@@ -728,6 +764,26 @@ class TestPrepared:
         assert [code for code, _ in dead(p)] == ["undecodable"] and p.offsets == {("events", 0): 5}
         whole = plan([message(first.run_events, 0), message(state.run_events, 1), duplicate, message([tail], 3)])
         assert rows_as_dicts(whole, "archive") == rows_as_dicts(p, "archive")
+
+
+@cache
+def demo_messages() -> tuple[Incoming, ...]:
+    """`every_kind_of_event` as the sink publishes it -- a message per run, one per outcome -- with a junk
+    message and a redelivered run among them, on two partitions."""
+    values: list[tuple[str, bytes]] = []
+    open_runs: dict[str, list[dict[str, Any]]] = {}
+    for event in every_kind_of_event():
+        key = event["action_key"] or UNKEYED_RECORD_KEY
+        if event["event_type"] in TAIL_EVENT_TYPES:
+            values.append((key, b"[" + canonical_json(event) + b"]"))
+            continue
+        open_runs.setdefault(event["run_id"], []).append(event)
+        if event["event_type"] == "run_closed":
+            run = open_runs.pop(event["run_id"])
+            values.append((key, b"[" + b",".join(canonical_json(e) for e in run) + b"]"))
+    values.insert(7, (KEY, b"junk"))
+    values.insert(20, values[3])
+    return tuple(Incoming("events", i % 2, i // 2, key.encode(), value) for i, (key, value) in enumerate(values))
 
 
 def contents(p: Plan) -> dict[str, list[dict[str, Any]]]:
