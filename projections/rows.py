@@ -1032,24 +1032,33 @@ def plan_batch(
             counts["outcomes"] += 1
 
     merged_rows: dict[int, tuple[Any, ...]] = {}
-    for run_id, (run, base) in new_runs.items():
-        takes[ARCHIVE.name].extend(range(base[ARCHIVE.name] + run.archive[0], base[ARCHIVE.name] + run.archive[1]))
-        takes[RUNS.name].append(base[RUNS.name] + run.run_row)
-        takes[FIELDS.name].extend(range(base[FIELDS.name] + run.fields[0], base[FIELDS.name] + run.fields[1]))
-        start, stop = run.checklist
-        takes[CHECKLIST.name].extend(range(base[CHECKLIST.name] + start, base[CHECKLIST.name] + stop))
-        if run.gate_row >= 0:
-            takes[GATES.name].append(base[GATES.name] + run.gate_row)
-        if run_id in merged:
-            merged_rows[base[RUNS.name] + run.run_row] = merged[run_id]
+    for run_id, changes in merged.items():
+        run, base = new_runs[run_id]
+        merged_rows[base[RUNS.name] + run.run_row] = changes
+    # Usually every run and outcome prepared is new: then every candidate row is kept, and the row indexes
+    # need not be listed.
+    every_row_kept = len(new_runs) == bases[RUNS.name] and len(executions_take) == bases[EXECUTIONS.name]
+    if not every_row_kept:
+        for run, base in new_runs.values():
+            start, stop = run.archive
+            takes[ARCHIVE.name].extend(range(base[ARCHIVE.name] + start, base[ARCHIVE.name] + stop))
+            takes[RUNS.name].append(base[RUNS.name] + run.run_row)
+            start, stop = run.fields
+            takes[FIELDS.name].extend(range(base[FIELDS.name] + start, base[FIELDS.name] + stop))
+            start, stop = run.checklist
+            takes[CHECKLIST.name].extend(range(base[CHECKLIST.name] + start, base[CHECKLIST.name] + stop))
+            if run.gate_row >= 0:
+                takes[GATES.name].append(base[GATES.name] + run.gate_row)
 
     tables: dict[str, pa.Table] = {}
     for spec in CANDIDATE_TABLES:
-        taken = _take([chunk.tables[spec.name] for chunk in chunks], takes[spec.name], bases[spec.name])
+        parts = [chunk.tables[spec.name] for chunk in chunks]
+        taken = _take(parts, None if every_row_kept else takes[spec.name], bases[spec.name])
         if taken is not None:
             tables[spec.name] = taken
     if merged_rows:
-        tables[RUNS.name] = _with_outcomes(tables[RUNS.name], sorted(takes[RUNS.name]), merged_rows)
+        kept = range(bases[RUNS.name]) if every_row_kept else sorted(takes[RUNS.name])
+        tables[RUNS.name] = _with_outcomes(tables[RUNS.name], kept, merged_rows)
     for spec, rows in (
         (RUN_OUTCOMES, list(outcome_updates.values())),
         (DEAD_LETTERS, dead_letters),
@@ -1062,18 +1071,19 @@ def plan_batch(
     return plan
 
 
-def _take(parts: Sequence[pa.Table], indexes: list[int], total: int) -> pa.Table | None:
-    """The rows at `indexes` of the concatenated `parts` (`total` rows), in row order; None for none."""
-    if not indexes:
+def _take(parts: Sequence[pa.Table], indexes: list[int] | None, total: int) -> pa.Table | None:
+    """The rows at `indexes` (None: all) of the concatenated `parts` (`total` rows), in row order; None for
+    none."""
+    if total == 0 or indexes == []:
         return None
     whole = parts[0] if len(parts) == 1 else pa.concat_tables(parts)
-    if len(indexes) == total:  # every row is kept (indexes are distinct): no copy
+    if indexes is None or len(indexes) == total:  # every row is kept (indexes are distinct): no copy
         return whole
     indexes.sort()
     return whole.take(pa.array(indexes, type=pa.int64()))
 
 
-def _with_outcomes(runs: pa.Table, rows: list[int], merged: Mapping[int, tuple[Any, ...]]) -> pa.Table:
+def _with_outcomes(runs: pa.Table, rows: Sequence[int], merged: Mapping[int, tuple[Any, ...]]) -> pa.Table:
     """`runs` (the chunk rows `rows`, in that order) with the outcome columns of runs whose outcome came in
     the same batch set from `merged` (chunk row -> the `_OUTCOME_COLUMNS` values)."""
     positions = [(position, merged[row]) for position, row in enumerate(rows) if row in merged]
