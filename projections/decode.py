@@ -15,11 +15,11 @@ The chain rules are those of `preflight.events.verify_run` (the unit tests compa
 altered runs), plus the transport's (one run per message, the outcome in a message of its own).
 
 Two paths, one verdict. The fast path decodes and validates the whole message strictly in one msgspec
-call, against structs made from the event models (`_shape`), takes the events as plain dicts, and
-hashes each event's sorted `orjson` dump, which is byte for byte `preflight.events.canonical_json` for
-every string and integer; orjson spells some floats differently, so a message holding a float (or an
-integer beyond 64 bits, or anything the fast path does not accept) takes the reference path: read with
-the standard library, validated event by event with `preflight.events.decode_event`, hashed with
+call, against structs made from the event models (`_shape`), and hashes each event's msgspec encoding
+with sorted keys, which is byte for byte `preflight.events.canonical_json` for every string and integer
+(a unit test compares them); msgspec spells some floats differently (1e16 for 1e+16), so a message
+holding a float (or anything the fast path does not accept) takes the reference path: read with the
+standard library, validated event by event with `preflight.events.decode_event`, hashed with
 `preflight.events.content_hash` itself, which also names the precise defect.
 """
 
@@ -123,14 +123,25 @@ _EVENT_MODELS: Final = get_args(get_args(PreflightEvent)[0])
 _MESSAGE: Final = msgspec.json.Decoder(list[Union[tuple(_shape(m) for m in _EVENT_MODELS)]])  # type: ignore[misc]  # noqa: UP007
 
 
-def _shaped(value: bytes) -> list[EventJson] | None:
-    """A message's events as plain dicts, each exactly the JSON object it was read as, if every one of
-    them validates strictly against its event model (`_shape`); else None."""
+#: The canonical form (`preflight.events.canonical_json`) of a decoded event, for every string and
+#: integer: keys sorted by code point, no spaces, UTF-8 unescaped (a unit test compares the two).
+_CANONICAL: Final = msgspec.json.Encoder(order="sorted")
+
+
+def _decoded(value: bytes) -> list[msgspec.Struct] | None:
+    """A message's events if every one of them validates strictly against its event model (`_shape`)."""
     try:
-        events: list[EventJson] = msgspec.to_builtins(_MESSAGE.decode(value))
+        events: list[msgspec.Struct] = _MESSAGE.decode(value)
     except msgspec.DecodeError:  # a ValidationError too
         return None
     return events
+
+
+def _shaped(value: bytes) -> list[EventJson] | None:
+    """A message's events as plain dicts, each exactly the JSON object it was read as, if every one of
+    them validates strictly against its event model (`_shape`); else None."""
+    events = _decoded(value)
+    return None if events is None else msgspec.to_builtins(events)
 
 
 _UUID = re.compile(r"[0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{12}")
@@ -250,18 +261,19 @@ def _decode(incoming: Incoming) -> Decoded:
 
 
 def _fast_path(value: bytes) -> tuple[list[EventJson], list[bytes]] | None:
-    """The events of a message that validates strictly as a whole and hashes through orjson, else None.
+    """The events of a message that validates strictly as a whole and hashes as encoded here, else None.
 
     None sends the message down the reference path, which finds the precise defect (or accepts a
-    message this path could not judge exactly). A strictly valid event validates into the dict of
-    exactly the JSON object it was read from (`_shape`: a field left out stays out, e.g. an
-    unsigned decision's `signature`), so its sorted orjson dump is the canonical form.
+    message this path could not judge exactly). A strictly valid event decodes into a struct of exactly
+    the JSON object it was read from (`_shape`: a field left out stays out, e.g. an unsigned decision's
+    `signature`), so its sorted encoding is the canonical form, and its plain dict that object.
     """
-    events = _shaped(value)
-    if not events:
+    shaped = _decoded(value)
+    if not shaped:
         return None
+    events: list[EventJson] = msgspec.to_builtins(shaped)
     texts: list[bytes] = []
-    for event in events:
+    for event, struct in zip(events, shaped, strict=True):
         if event.get("schema_version") not in SUPPORTED_EVENT_VERSIONS or not _UUID.fullmatch(event["event_id"]):
             return None
         for name in _FLOAT_HOLDERS[event["event_type"]]:
@@ -271,10 +283,10 @@ def _fast_path(value: bytes) -> tuple[list[EventJson], list[bytes]] | None:
         if len(claimed) != _DIGEST_LENGTH:  # no SHA-256 hex digest: the reference path names the defect
             return None
         try:
-            full = orjson.dumps(event, option=_SORTED)
             member = b',"hash":"' + claimed.encode("ascii") + b'"'
-        except (TypeError, UnicodeEncodeError):  # an integer beyond 64 bits; a digest that is not ASCII
+        except UnicodeEncodeError:  # a digest that is not ASCII
             return None
+        full = _CANONICAL.encode(struct)
         # A hex digest needs no escaping, so `member` is its exact bytes in `full`; "hash" is never the
         # first key (every event has "action_key"). The hashed body is `full` without it.
         at = full.find(member)

@@ -23,6 +23,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -55,6 +56,7 @@ from preflight.records import UNKEYED_RECORD_KEY
 from preflight_audit import scenarios
 from projections import open_database, store
 from projections.decode import (
+    _CANONICAL,
     Incoming,
     Rejected,
     VerifiedRun,
@@ -304,22 +306,33 @@ class TestDecode:
         assert _fast_path(value) is None
         assert isinstance(decode_incoming(message(state.run_events)), VerifiedRun)
 
-    async def test_a_chain_hashed_over_another_spelling_of_a_float_is_refused(self) -> None:
-        """A producer that hashed orjson's spelling (0.00001, not the canonical 1e-05) made an intact
-        chain -- by its own rules. `verify_run` refuses it, so the projector does too."""
+    @pytest.mark.parametrize(
+        ("value", "spelling", "encode"),
+        [
+            (1e-05, b"0.00001", lambda body: orjson.dumps(body, option=orjson.OPT_SORT_KEYS)),
+            (1e16, b"1e16", msgspec.json.Encoder(order="sorted").encode),
+        ],
+        ids=["orjson", "msgspec"],
+    )
+    async def test_a_chain_hashed_over_another_spelling_of_a_float_is_refused(
+        self, value: float, spelling: bytes, encode: Callable[[Any], bytes]
+    ) -> None:
+        """A producer that hashed another library's spelling of a float (orjson's 0.00001 for 1e-05,
+        msgspec's 1e16 for 1e+16) made an intact chain -- by its own rules. `verify_run` refuses it, so
+        the projector does too."""
         events = dumped((await asked()).run_events)
-        events[3]["field"] = {**events[3]["field"], "value": 1e-05}
+        events[3]["field"] = {**events[3]["field"], "value": value}
         prev = "0" * 64
         for event in events:
             body = {k: v for k, v in event.items() if k != "hash"} | {"prev_hash": prev}
             if body["event_type"] == "run_closed":
                 body["last_hash"] = prev
-            spelled = orjson.dumps(body, option=orjson.OPT_SORT_KEYS)
+            spelled = encode(body)
             event.clear()
             event.update(body, hash=hashlib.sha256(prev.encode() + b"\n" + spelled).hexdigest())
             prev = event["hash"]
-        data = orjson.dumps(events)
-        assert b"0.00001" in data
+        data = encode(events)
+        assert spelling in data and spelling not in canonical_json(events)
         with pytest.raises(ChainError):
             verify_run([decode_event(e) for e in json.loads(data)])
         rejected = decode_incoming(raw_message(data))
@@ -460,6 +473,15 @@ def altered_events(draw: st.DrawFn) -> tuple[dict[str, Any], dict[str, Any]]:
     return original, event
 
 
+def _exact_json() -> st.SearchStrategy[Any]:
+    """JSON values a message can carry to the fast path: any string, any integer, no float."""
+    keys = st.text(st.characters(exclude_categories=["Cs"]), max_size=4)
+    scalars = st.one_of(
+        st.none(), st.booleans(), st.integers(-(2**80), 2**80), st.text(st.characters(exclude_categories=["Cs"]))
+    )
+    return st.recursive(scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(keys, inner, max_size=4))
+
+
 def _non_finite(value: Any) -> bool:
     if isinstance(value, float):
         return not math.isfinite(value)
@@ -474,6 +496,13 @@ class TestTheFastShapeIsTheModel:
     """The fast path validates with msgspec structs made from the models (`projections.decode._shape`): it
     must accept exactly what the models accept strictly (but NaN and Infinity), and give back exactly the
     object it read."""
+
+    @settings(max_examples=400, deadline=None)
+    @given(value=_exact_json())
+    def test_its_encoding_is_the_canonical_json(self, value: Any) -> None:
+        """Sorted keys by code point, no spaces, UTF-8 unescaped, integers of any size, as the engine
+        hashes them: the fast path hashes msgspec's encoding."""
+        assert _CANONICAL.encode(value) == canonical_json(value)
 
     def test_every_event_type_is_sampled(self) -> None:
         assert {e["event_type"] for e in every_kind_of_event()} == set(EVENT_TYPES)
