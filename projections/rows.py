@@ -148,7 +148,8 @@ RUNS = TableSpec(
         ("partition", _I),
         ("offset", _L),
         ("gap_class", _S),
-        # The approved decision's signed fields (`_decision_columns`) and the verdict on its signature
+        # The approved decision's signed fields, exactly as signed, so that the row alone is enough to check
+        # it again (`_run_columns`), and the verdict on its signature
         # (`projections.signatures.check_decisions`; NULL: not checked).
         ("decision_tool", _S),
         ("decision_key_id", _S),
@@ -334,15 +335,6 @@ _SIGNATURE_COLUMNS: Final = {
 }
 
 
-def _decision_columns(approved: EventJson | None) -> dict[str, Any]:
-    """The `runs` columns of an approved decision's signed fields, exactly as signed (all None without a
-    decision; the signature's without a signature), so the row alone is enough to check it again."""
-    signature: Any = approved.get("signature") if approved is not None else None
-    columns = {column: _str(signature.get(name)) if signature else None for name, column in _SIGNATURE_COLUMNS.items()}
-    columns["decision_tool"] = approved["tool_name"] if approved is not None else None
-    return columns
-
-
 #: The tables a chunk prepares candidate rows for (the rest are made by the planner).
 CANDIDATE_TABLES: Final = (ARCHIVE, RUNS, FIELDS, CHECKLIST, GATES, EXECUTIONS)
 #: The columns of `runs` an outcome changes, in `RUN_OUTCOMES` order after its run_id.
@@ -366,22 +358,8 @@ class Plan:
         return table.num_rows if table is not None else 0
 
 
-# ---- small readers: a payload dict may hold anything, a column takes one type -----------------------
-
-
-def _str(value: Any) -> str | None:
-    return value if isinstance(value, str) else None
-
-
-def _int(value: Any) -> int | None:
-    return value if type(value) is int and -_INT32 <= value < _INT32 else None
-
-
-def _bool(value: Any) -> bool | None:
-    return value if isinstance(value, bool) else None
-
-
 def _json(value: Any) -> str:
+    """JSON text of a payload value, keys sorted."""
     try:
         return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode("utf-8")
     except TypeError:  # an integer beyond 64 bits: the standard library writes it exactly
@@ -403,8 +381,9 @@ Columns = dict[str, list[Any]]
 
 
 def _strings(values: list[Any]) -> pa.Array:
-    """A string column of payload values (`_str`: anything but a string is NULL). Arrow refuses every
-    other JSON value (number, bool, object, array) for a string column, so the guard runs only then."""
+    """A string column of payload values (a payload dict may hold anything: what is not a string is NULL).
+    Arrow refuses every other JSON value (number, bool, object, array) for a string column, so the guard
+    runs only then."""
     try:
         return pa.array(values, type=_S)
     except (pa.ArrowTypeError, pa.ArrowInvalid):
@@ -412,12 +391,13 @@ def _strings(values: list[Any]) -> pa.Array:
 
 
 def _ints(values: Sequence[Any]) -> list[int | None]:
-    """INTEGER column values of payload values (`_int`). Arrow would take 1.0 for 1: each one is checked."""
+    """INTEGER column values of payload values (NULL: not an int, or beyond 32 bits). Arrow would take 1.0
+    for 1: each one is checked."""
     return [v if type(v) is int and -_INT32 <= v < _INT32 else None for v in values]
 
 
 def _bools(values: Sequence[Any]) -> list[bool | None]:
-    """BOOLEAN column values of payload values (`_bool`)."""
+    """BOOLEAN column values of payload values (NULL: not a bool)."""
     return [v if type(v) is bool else None for v in values]
 
 
