@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 import types
 from collections.abc import Sequence
@@ -317,7 +318,7 @@ def _fast_path(value: bytes) -> tuple[list[EventJson], list[bytes]] | None:
         if event.get("schema_version") not in SUPPORTED_EVENT_VERSIONS or not _UUID.fullmatch(event["event_id"]):
             return None
         for name in _FLOAT_HOLDERS[event["event_type"]]:
-            if name in event and _has_float(event[name]):
+            if name in event and _has_float(event[name], _FAST_PATH_DEPTH):
                 return None
         claimed = event["hash"]
         if len(claimed) != _DIGEST_LENGTH:  # no SHA-256 hex digest: the reference path names the defect
@@ -382,7 +383,7 @@ def _may_hold_float(annotation: Any) -> bool:
     return any(_may_hold_float(arg) for arg in get_args(annotation) if not isinstance(arg, str))
 
 
-#: Per event type, the fields that may hold a float: the only ones `_fast_path` looks into for one.
+#: Per event type, the fields that may hold a float (or nest): the only ones `_fast_path` looks into.
 _FLOAT_HOLDERS: Final = {
     model.model_fields["event_type"].default: tuple(
         name for name, info in model.model_fields.items() if _may_hold_float(info.annotation)
@@ -391,7 +392,14 @@ _FLOAT_HOLDERS: Final = {
 }
 
 
-def _has_float(value: Any) -> bool:
+#: How deep a value may nest for the fast path to judge it. The models refuse what their serializer
+#: cannot write back (a few hundred levels); deeper than this, the reference path, which asks them, decides.
+_FAST_PATH_DEPTH: Final = 64
+
+
+def _has_float(value: Any, limit: float = math.inf, depth: int = 1) -> bool:
+    """Whether `value` holds a float -- or nests deeper than `limit` (the fast path's question: is this
+    beyond what it may judge?)."""
     kind = type(value)
     if kind is float:
         return True
@@ -401,11 +409,13 @@ def _has_float(value: Any) -> bool:
         items = value
     else:
         return False
+    if depth > limit:
+        return True
     for item in items:
         inner = type(item)
         if inner is str or inner is int or inner is bool or item is None:
             continue
-        if inner is float or _has_float(item):
+        if inner is float or _has_float(item, limit, depth + 1):
             return True
     return False
 

@@ -165,6 +165,21 @@ def stored_after(p: Plan) -> dict[str, StoredRun]:
 # ---- decoding ---------------------------------------------------------------------------------------------
 
 
+def rechained(
+    raw_events: list[dict[str, Any]], encode: Callable[[Any], bytes] = canonical_json
+) -> list[dict[str, Any]]:
+    """The events chained again over `encode`'s bytes, without the models (`resealed` validates them)."""
+    prev = "0" * 64
+    out = []
+    for raw in raw_events:
+        body = {k: v for k, v in raw.items() if k != "hash"} | {"prev_hash": prev}
+        if body["event_type"] == "run_closed":
+            body["last_hash"] = prev
+        prev = hashlib.sha256(prev.encode() + b"\n" + encode(body)).hexdigest()
+        out.append(body | {"hash": prev})
+    return out
+
+
 class TestDecode:
     """One message on its own: verified as the sink wrote it, or refused with a code."""
 
@@ -228,6 +243,26 @@ class TestDecode:
         for broken in ({**events[1], "seq": "1"}, {**events[1], "surprise": True}, {**events[1], "fixed": "c1"}):
             rejected = decode_incoming(raw_message([events[0], broken, *events[2:]]))
             assert isinstance(rejected, Rejected) and rejected.code == "malformed_event", broken
+
+    @pytest.mark.parametrize(
+        ("depth", "fast", "verdict"), [(30, True, "run"), (70, False, "run"), (300, False, "dead")]
+    )
+    async def test_a_deep_value_is_judged_as_the_models_judge_it(self, depth: int, fast: bool, verdict: str) -> None:
+        """The fast path judges values nested up to `_FAST_PATH_DEPTH`; deeper, the reference path asks the
+        models, which refuse what their serializer cannot write back (msgspec alone would read it)."""
+        events = dumped((await asked()).run_events)
+        value: Any = 0
+        for _ in range(depth):
+            value = [value]
+        (at, *_) = [i for i, e in enumerate(events) if e["event_type"] == "field_resolved"]
+        events[at]["field"] = {**events[at]["field"], "value": value}
+        data = json.dumps(rechained(events)).encode()
+        assert (_fast_path(data) is not None) == fast
+        decoded = decode_incoming(raw_message(data))
+        if verdict == "run":
+            assert isinstance(decoded, VerifiedRun)
+        else:
+            assert isinstance(decoded, Rejected) and decoded.code == "malformed_event" and "depth" in decoded.reason
 
     async def test_an_integer_beyond_its_column_is_refused_not_a_crash(self) -> None:
         """A tail's seq and a checklist item's index go to INTEGER columns: beyond them, the message is a
@@ -322,15 +357,7 @@ class TestDecode:
         the projector does too."""
         events = dumped((await asked()).run_events)
         events[3]["field"] = {**events[3]["field"], "value": value}
-        prev = "0" * 64
-        for event in events:
-            body = {k: v for k, v in event.items() if k != "hash"} | {"prev_hash": prev}
-            if body["event_type"] == "run_closed":
-                body["last_hash"] = prev
-            spelled = encode(body)
-            event.clear()
-            event.update(body, hash=hashlib.sha256(prev.encode() + b"\n" + spelled).hexdigest())
-            prev = event["hash"]
+        events = rechained(events, encode)
         data = encode(events)
         assert spelling in data and spelling not in canonical_json(events)
         with pytest.raises(ChainError):
