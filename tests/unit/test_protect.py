@@ -91,15 +91,6 @@ def transfer(user: str, amount: int, to_account: str, from_account: str, **extra
     )
 
 
-def amount_from_text(field: str, instruction: Any) -> dict[str, Any] | None:
-    """Tier 1 for `amount`: the number after "send " in the first segment, with its span."""
-    if field != "amount" or isinstance(instruction, str):
-        return None
-    text = instruction[0].text
-    end = text.index(" won")
-    return {"value": int(text[5:end]), "segment_index": 0, "span": [5, end]}
-
-
 def nothing(*args: Any) -> None:
     return None
 
@@ -448,7 +439,7 @@ async def executed(pf: Preflight, user: str, **extra: Any) -> ExecutionRecord:
 class TestProtectedRun:
     async def test_no_value_leaves_in_plaintext_and_the_chain_verifies_without_keys(self) -> None:
         pr = protector()
-        pf = engine(pr, extract_from_instruction=amount_from_text)
+        pf = engine(pr, extract_from_instruction=sc.amount_from_text)
         state = await pf.run_and_record(transfer(USER, **VALUES[USER]))
         assert state.execution_decision == "execute"
         assert {f.name: f.value for f in state.fields or ()} == VALUES[USER]  # the caller's record: plaintext
@@ -461,7 +452,7 @@ class TestProtectedRun:
 
     async def test_the_record_rebuilds_sealed_without_keys_and_plaintext_with_them(self) -> None:
         pr = protector()
-        pf = engine(pr, extract_from_instruction=amount_from_text)
+        pf = engine(pr, extract_from_instruction=sc.amount_from_text)
         state = await pf.run_and_record(transfer(USER, **VALUES[USER]))
         events = [decode_event(encode_event(e)) for e in state.run_events]
         sealed = rebuild_record(events)
@@ -475,7 +466,7 @@ class TestProtectedRun:
     async def test_execution_acts_on_plaintext_and_records_sealed(self) -> None:
         pr = protector()
         storage = MemoryStorage()
-        pf = engine(pr, storage, extract_from_instruction=amount_from_text)
+        pf = engine(pr, storage, extract_from_instruction=sc.amount_from_text)
         state = await pf.run_and_record(transfer(USER, **VALUES[USER]))
         calls: list[dict[str, Any]] = []
 
@@ -496,7 +487,7 @@ class TestProtectedRun:
 
     async def test_digests_of_values_are_keyed_per_subject(self) -> None:
         pr = protector()
-        pf = engine(pr, extract_from_instruction=amount_from_text)
+        pf = engine(pr, extract_from_instruction=sc.amount_from_text)
         digests = []
         for user in (USER, USER, OTHER):
             state = await pf.run_and_record(transfer(user, **VALUES[USER]))
@@ -509,7 +500,7 @@ class TestProtectedRun:
         assert digests[0] == digests[1] != digests[2]  # same arguments, same subject: same digest
 
     async def test_the_default_engine_writes_plaintext_as_before(self) -> None:
-        state = await engine(None, extract_from_instruction=amount_from_text).run_and_record(
+        state = await engine(None, extract_from_instruction=sc.amount_from_text).run_and_record(
             transfer(USER, **VALUES[USER])
         )
         assert all(v in wire(state) for v in plaintexts(USER))
@@ -537,7 +528,7 @@ class TestProtectedRun:
         ]
         for hooks, inputs in cases:
             pf = create_preflight(
-                hooks={**sc.hooks(extract_from_instruction=amount_from_text), **hooks},
+                hooks={**sc.hooks(extract_from_instruction=sc.amount_from_text), **hooks},
                 storage=MemoryStorage(),
                 protector=pr,
             )
@@ -580,7 +571,7 @@ class TestProtectedRun:
     async def test_signed_decisions_and_admission_work_protected(self) -> None:
         pr = protector()
         pf = create_preflight(
-            hooks=sc.hooks(extract_from_instruction=amount_from_text),
+            hooks=sc.hooks(extract_from_instruction=sc.amount_from_text),
             storage=MemoryStorage(),
             protector=pr,
             signer=DecisionSigner.generate(),
@@ -616,7 +607,7 @@ class TestProtectedRun:
 class TestDeferred:
     async def test_deferred_input_is_sealed_and_the_trigger_runs_from_the_opened_log(self) -> None:
         pr = protector()
-        later = engine(pr, classify_when_case=lambda i: "scheduled", extract_from_instruction=amount_from_text)
+        later = engine(pr, classify_when_case=lambda i: "scheduled", extract_from_instruction=sc.amount_from_text)
         deferred = await later.run_and_record(transfer(USER, **VALUES[USER]))
         assert deferred.execution_decision == "deferred"
         assert deferred.deferred_input is not None and not is_sealed(deferred.deferred_input)
@@ -631,7 +622,7 @@ class TestDeferred:
         assert kept.deferred_input == deferred.deferred_input
         preserved = kept.deferred_input
         assert preserved is not None
-        now = engine(pr, extract_from_instruction=amount_from_text)
+        now = engine(pr, extract_from_instruction=sc.amount_from_text)
         trigger = await now.run_and_record(
             sc.transfer(
                 user_id=USER,
@@ -649,7 +640,9 @@ class TestTier4:
         store = MemoryKeyStore()
         pr = ValueProtector(store)
         storage = MemoryStorage()
-        first = {u: await executed(engine(pr, storage, extract_from_instruction=amount_from_text), u) for u in VALUES}
+        first = {
+            u: await executed(engine(pr, storage, extract_from_instruction=sc.amount_from_text), u) for u in VALUES
+        }
 
         blank = {"instruction": [{"text": "same as last time", "trust": "user"}], "pre_set_data": {}}
         pf = engine(pr, storage, extract_from_instruction=nothing)
@@ -686,7 +679,7 @@ class TestTier4:
 
     async def test_an_engine_without_keys_never_inherits_a_sealed_value(self) -> None:
         storage = MemoryStorage()
-        await executed(engine(protector(), storage, extract_from_instruction=amount_from_text), USER)
+        await executed(engine(protector(), storage, extract_from_instruction=sc.amount_from_text), USER)
         blind = engine(None, storage, extract_from_instruction=nothing)
         state = await blind.run_and_record(sc.transfer(user_id=USER, pre_set_data={}))
         assert state.execution_decision == "ask_user"
@@ -694,7 +687,7 @@ class TestTier4:
 
     async def test_baseline_view_withholds_what_it_cannot_open(self) -> None:
         pr = protector()
-        state = await executed(engine(pr, extract_from_instruction=amount_from_text), USER)
+        state = await executed(engine(pr, extract_from_instruction=sc.amount_from_text), USER)
         sealed = rebuild_record(state.run_events)
         assert baseline_view(None, pr) is None
         opened = baseline_view(sealed, pr)
@@ -722,7 +715,7 @@ class TestComplianceReader:
     async def test_an_event_body_opens_for_a_holder_of_keys(self) -> None:
         store = MemoryKeyStore()
         pr = ValueProtector(store)
-        state = await executed(engine(pr, extract_from_instruction=amount_from_text), USER)
+        state = await executed(engine(pr, extract_from_instruction=sc.amount_from_text), USER)
         bodies = [e.model_dump(mode="json") for e in state.run_events]
         fields = [b for b in bodies if b["event_type"] == "field_resolved"]
         opened = [open_event_body(b, pr) for b in fields]
@@ -840,7 +833,7 @@ def test_every_seal_in_a_run_names_the_run_subjects_key() -> None:
     pr = protector()
 
     async def go() -> ExecutionRecord:
-        return await executed(engine(pr, extract_from_instruction=amount_from_text), USER)
+        return await executed(engine(pr, extract_from_instruction=sc.amount_from_text), USER)
 
     state = asyncio.run(go())
     bodies = [e.model_dump(mode="json") for e in state.run_events]
