@@ -12,8 +12,9 @@ event loop), look up the stored runs the batch mentions through a second connect
 committed data), and plan (pure: `projections.rows.plan_batch`) against the database as it will be
 once the batch in flight commits; then hand the plan to the one writer thread, which writes its rows,
 publishes its new dead letters (`projections.dlq`, acknowledged before COMMIT) and writes the new
-offsets in one transaction (`projections.store.write_batch`). While it does, the event loop plans the
-next batch and the decode workers decode the one after it.
+offsets in one transaction (`projections.store.write_batch`) -- or, behind a backlog, several batches
+in one (`transaction_events`). While it does, the event loop plans the next batch and the decode
+workers decode the ones after it.
 
 A crash anywhere loses at most the uncommitted batch, which is read again from the stored offsets;
 a redelivered message or run changes nothing (offsets, then closing hash, then event_id). A message
@@ -71,10 +72,12 @@ from projections.rows import Plan, PreparedChunk, StoredRun, plan_batch, raw, to
 from projections.signatures import LEEWAY_VAR, PUBLIC_KEYS_VAR, DecisionTrust, detached_checked, prepare_checked
 from projections.store import (
     EventIdConflict,
+    append_batch,
     compare_projections,
     load_offsets,
     lookup_runs,
     open_database,
+    rollback,
     sql,
     taken_event_ids,
     write_batch,
@@ -108,6 +111,8 @@ class ProjectorStats:
 
     counts: Counter[str] = field(default_factory=Counter)
     batches: int = 0
+    #: COMMITs of the writer (under a backlog, one commits several batches: `transaction_events`).
+    transactions: int = 0
     #: Seconds spent per stage. In the event loop: fetch, decode (with decode workers: waiting for them),
     #: lookup, plan, wait (for the writer). In the writer thread: write.
     seconds: defaultdict[str, float] = field(default_factory=lambda: defaultdict(float))
@@ -129,7 +134,7 @@ class ProjectorStats:
         return (
             f"{c['messages']} messages, {c['events']} events archived ({c['runs']} runs, {c['outcomes']} outcomes),"
             f" {c['duplicates']} duplicates, {c['redelivered']} redelivered, {c['dead_letters']} dead letters,"
-            f" {self.batches} batches"
+            f" {self.batches} batches in {self.transactions} transactions"
         )
 
 
@@ -152,12 +157,21 @@ class Projector:
     process); the tables are shared by whatever projection name it is given.
 
     :param group_id: the projection's name: its consumer group and its key in `consumer_offsets`.
-    :param batch_size: most messages per batch (one transaction).
-    :param before_commit: called in the writer thread inside each batch's transaction, after its last
-        write and before COMMIT (tests use it to kill the process at that point).
+    :param batch_size: most messages per batch (fetched, decoded and planned together).
+    :param transaction_events: while more messages wait than a batch holds (a backlog), the batches'
+        writes share one transaction until it holds this many events (or `max_transaction_s` passed):
+        DuckDB writes a transaction's full row groups (122,880 rows) straight into the file,
+        compressed, where smaller transactions go through the write-ahead log and are written again
+        at the next checkpoint. Near the log's end every batch commits at once. 1: every batch alone.
+        The batches of the open transaction stay in memory (about 1 KB an event), to be planned again
+        after an event_id conflict.
+    :param max_transaction_s: the longest a transaction stays open for more batches (while it is open,
+        readers do not see its rows).
+    :param before_commit: called in the writer thread inside each transaction, after its last write and
+        before COMMIT (tests use it to kill the process at that point).
     :param on_batch: called in the event loop after each committed batch with its plan.
-    :param after_commit: called in the writer thread right after each batch's COMMIT with its plan: the
-        moment its rows became visible to readers (bench/freshness.py stamps it).
+    :param after_commit: called in the writer thread right after each COMMIT with the plan of each batch
+        it committed: the moment their rows became visible to readers (bench/freshness.py stamps it).
     :param kafka_commit_interval_s: how often to also commit the stored offsets to Kafka for lag
         monitors (best effort; ``None`` never). Never read back.
     :param decode_workers: processes that decode, verify and build rows (0: in the event loop). Decoding
@@ -179,6 +193,8 @@ class Projector:
         *,
         group_id: str = DEFAULT_GROUP,
         batch_size: int = 2_000,
+        transaction_events: int = 245_760,
+        max_transaction_s: float = 10.0,
         poll_timeout_ms: int = 200,
         start_timeout_s: float = 30.0,
         request_timeout_ms: int = 30_000,
@@ -195,11 +211,17 @@ class Projector:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
         if decode_workers < 0:
             raise ValueError(f"decode_workers must not be negative, got {decode_workers}")
+        if transaction_events < 1:
+            raise ValueError(f"transaction_events must be positive, got {transaction_events}")
+        if max_transaction_s < 0:
+            raise ValueError(f"max_transaction_s must not be negative, got {max_transaction_s}")
         self._path = Path(database)
         self._bootstrap = bootstrap_servers
         self._topic = topic
         self._group = group_id
         self._batch_size = batch_size
+        self._transaction_events = transaction_events
+        self._max_transaction_s = max_transaction_s
         self._poll_timeout_ms = poll_timeout_ms
         self._start_timeout_s = start_timeout_s
         self._request_timeout_ms = request_timeout_ms
@@ -215,10 +237,22 @@ class Projector:
         self._partitions: list[Any] = []
         self._executor: ThreadPoolExecutor | None = None
         self._reader: duckdb.DuckDBPyConnection | None = None
-        self._pending: asyncio.Future[Plan] | None = None
-        self._in_flight: _Batch | None = None
+        #: The last write handed to the writer: the plans it committed, or None (appended, not committed).
+        self._pending: asyncio.Future[list[Plan] | None] | None = None
+        #: In the event loop: the batches handed to the writer since its last known COMMIT, and what they
+        #: change (run states, offsets, events), which the next batch is planned on top of.
+        self._handed: list[_Batch] = []
+        self._open_states: dict[str, StoredRun] = {}
+        self._open_offsets: dict[tuple[str, int], int] = {}
+        self._open_events = 0
+        self._open_since: float | None = None
+        #: In the writer thread: the batches written in its open DuckDB transaction (none: no transaction).
+        self._transaction: list[_Batch] = []
         #: A fetched batch not handed to the writer yet, and its decoding in the workers (None: not started).
-        self._decoding: tuple[list[Incoming], asyncio.Future[list[PreparedChunk]] | None] | None = None
+        self._decoding: list[tuple[list[Incoming], asyncio.Future[list[PreparedChunk]] | None]] = []
+        #: Fetched batches decoding while the writer writes (with decode workers, two: one may take
+        #: longer than a write, and the workers would then wait for the next fetch).
+        self._decode_ahead = 2 if decode_workers else 1
         self._unaccounted = False
         self._committed: dict[tuple[str, int], int] = {}
         self._last_kafka_commit = 0.0
@@ -342,13 +376,13 @@ class Projector:
         return stored
 
     async def stop(self) -> None:
-        """Finish the batch being written (it commits or rolls back whole), then disconnect and close.
+        """Finish the writes handed over and commit them (or roll back whole), then disconnect and close.
 
         A batch fetched but not handed to the writer is dropped: the next start reads it again.
         """
         try:
             await self._drop_decoding()
-            await self._drain()
+            await self._settle()
         finally:  # each piece is stopped even when stopping an earlier one raised (an interrupt, say)
             consumer, self._consumer = self._consumer, None
             try:
@@ -420,7 +454,7 @@ class Projector:
                     if await self._poll():
                         quiet_since = time.monotonic()
         except TimeoutError as exc:
-            await self._drain()
+            await self._settle()
             raise ProjectionTimeout(
                 f"projector {self._group} did not reach {dict(end_offsets or {})} within {timeout_s:g} s"
                 f" (committed: {self.committed_offsets()})"
@@ -436,6 +470,22 @@ class Projector:
         await self._flush()
         return self.stats
 
+    async def checkpoint(self) -> None:
+        """Once the batch in flight is committed, fold DuckDB's write-ahead log into the database file
+        (``CHECKPOINT``): what DuckDB does by itself every `checkpoint_threshold` of log (writer_settings.sql)
+        and on close. A benchmark calls it to count that work; an operator before copying the file.
+
+        :raises DatabaseError: when DuckDB fails to checkpoint.
+        """
+        self._require_started()
+        await self._settle()
+        con = self._con
+        assert con is not None
+        try:
+            await self._in_writer(con.execute, "CHECKPOINT")
+        except duckdb.Error as exc:
+            raise DatabaseError(f"checkpointing {self._path} failed: {exc}") from exc
+
     def _require_started(self) -> None:
         if self._consumer is None:
             raise RuntimeError("the projector is not started (call start() or use `async with`)")
@@ -450,34 +500,60 @@ class Projector:
     async def _poll(self) -> int:
         """Fetch a batch and start decoding it; meanwhile hand the batch fetched before it to the writer.
 
-        Three batches are in the air: the one being written (the writer thread), the one handed over
-        next (planned here), and the one just fetched, decoding in the decode workers. While a fetched
-        batch waits, the fetch does not wait for new messages: it takes what the consumer holds.
+        Batches in the air: the one being written (the writer thread), the one handed over next (planned
+        here), and the ones fetched after it (`_decode_ahead`), decoding in the decode workers. While a
+        fetched batch waits, the fetch does not wait for new messages: it takes what the consumer holds.
+        The batch handed over commits at once unless a backlog waits behind it (`transaction_events`).
         """
         if self._unaccounted:
             await self._rewind()
         self._unaccounted = True  # interrupted from here on, the consumer is ahead of the database
-        previous, self._decoding = self._decoding, None
-        incoming = await self._fetch(wait=previous is None)
+        ahead = self._decoding
+        incoming = await self._fetch(wait=not ahead)
         if incoming:
-            self._decoding = (incoming, self._start_decode(incoming))
-        if previous is not None:
-            await self._hand_over(*previous)
+            ahead.append((incoming, self._start_decode(incoming)))
+        if ahead and (len(ahead) > self._decode_ahead or not incoming):
+            previous = ahead.pop(0)
+            waiting = sum(len(messages) for messages, _ in ahead)
+            if waiting < self._batch_size:
+                waiting += await self._lag()
+            await self._hand_over(*previous, backlog=waiting >= self._batch_size)
         elif not incoming:
-            await self._drain()
+            await self._settle()
         self._unaccounted = False
         return len(incoming)
 
     async def _flush(self) -> None:
-        """Hand the fetched batch (if any) to the writer, and wait until everything handed over is committed."""
+        """Hand the fetched batches (if any) to the writer, and wait until everything handed over is committed."""
         if self._unaccounted:
             await self._rewind()
-        previous, self._decoding = self._decoding, None
-        if previous is not None:
+        ahead = self._decoding
+        if ahead:
             self._unaccounted = True
-            await self._hand_over(*previous)
+            while ahead:
+                previous = ahead.pop(0)
+                await self._hand_over(*previous, backlog=bool(ahead))
             self._unaccounted = False
+        await self._settle()
+
+    async def _settle(self) -> None:
+        """Wait for the write in flight, then commit the open transaction (if any) and wait for that."""
         await self._drain()
+        if self._handed:
+            self._submit(None, commit=True)
+            await self._drain()
+
+    async def _lag(self) -> int:
+        """Messages the broker holds beyond what the consumer has fetched (as its last fetch responses
+        told: the last stable offset, which a read_committed consumer reads up to, or the high watermark)."""
+        lag = 0
+        for tp in self._partitions:
+            end = self._consumer.last_stable_offset(tp)
+            if end is None or end < 0:
+                end = self._consumer.highwater(tp)
+            if end is not None:
+                lag += max(0, end - await self._consumer.position(tp))
+        return lag
 
     async def _fetch(self, *, wait: bool) -> list[Incoming]:
         """The next messages, at most `batch_size` (without `wait`, only those the consumer already holds)."""
@@ -515,30 +591,60 @@ class Projector:
             return None
         return asyncio.ensure_future(self._prepared(incoming))
 
-    async def _hand_over(self, incoming: list[Incoming], decoding: asyncio.Future[list[PreparedChunk]] | None) -> None:
-        """Plan a fetched batch once it is decoded, wait for the batch in flight, and submit this one."""
+    async def _hand_over(
+        self,
+        incoming: list[Incoming],
+        decoding: asyncio.Future[list[PreparedChunk]] | None,
+        *,
+        backlog: bool,
+    ) -> None:
+        """Plan a fetched batch once it is decoded, wait for the write in flight, and submit this one: to
+        be committed at once, or -- under a `backlog`, while the open transaction is small and young --
+        with the batches after it."""
         seconds = self.stats.seconds
         clock = time.perf_counter()
         prepared = await decoding if decoding is not None else [prepare_checked(incoming, self._trust)]
         seconds["decode"] += time.perf_counter() - clock
         batch = self._plan(prepared)
         clock = time.perf_counter()
-        if not await self._drain():  # the batch in flight was planned again: so must this one be
+        if not await self._drain():  # the batches in flight were planned again: so must this one be
             batch = self._plan(prepared)
         seconds["wait"] += time.perf_counter() - clock
-        self._in_flight = batch
+        age = 0.0 if self._open_since is None else time.monotonic() - self._open_since
+        commit = (
+            not backlog
+            or self._open_events + batch.plan.archived >= self._transaction_events
+            or age >= self._max_transaction_s
+        )
+        self._submit(batch, commit=commit)
+
+    def _submit(self, batch: _Batch | None, *, commit: bool) -> None:
+        """Hand a planned batch (None: nothing but the COMMIT) to the writer thread."""
+        if batch is not None:
+            if not self._handed:
+                self._open_since = time.monotonic()
+            self._handed.append(batch)
+            self._open_states.update(batch.plan.states)
+            self._open_offsets.update(batch.plan.offsets)
+            self._open_events += batch.plan.archived
         # Submitted now, not when the event loop next gets control: the write runs while this loop
         # fetches, decodes and plans the next batch (DuckDB releases the GIL while it works).
         assert self._executor is not None
-        self._pending = asyncio.get_running_loop().run_in_executor(self._executor, self._write, batch)
+        self._pending = asyncio.get_running_loop().run_in_executor(self._executor, self._write, batch, commit)
+
+    def _forget_open(self) -> list[_Batch]:
+        opened, self._handed = self._handed, []
+        self._open_states, self._open_offsets, self._open_events, self._open_since = {}, {}, 0, None
+        return opened
 
     async def _drop_decoding(self) -> None:
-        """Forget the fetched batch not handed over yet (its messages are read again after a rewind)."""
-        dropped, self._decoding = self._decoding, None
-        if dropped is not None and dropped[1] is not None:
-            dropped[1].cancel()
-            with contextlib.suppress(BaseException):
-                await dropped[1]
+        """Forget the fetched batches not handed over yet (their messages are read again after a rewind)."""
+        dropped, self._decoding = self._decoding, []
+        for _, decoding in dropped:
+            if decoding is not None:
+                decoding.cancel()
+                with contextlib.suppress(BaseException):
+                    await decoding
 
     async def _rewind(self) -> None:
         """Seek every partition back to its stored offset: after a failed write, or a call interrupted
@@ -546,7 +652,7 @@ class Projector:
         is ahead of what the database holds, and what lies in between must be read again."""
         try:
             await self._drop_decoding()
-            await self._drain()
+            await self._settle()
         finally:
             for tp in self._partitions:
                 stored = self._committed.get((tp.topic, tp.partition))
@@ -579,17 +685,16 @@ class Projector:
         return [replace(chunk, incoming=tuple(part)) for chunk, part in zip(chunks, parts, strict=True)]
 
     def _plan(self, prepared: list[PreparedChunk]) -> _Batch:
-        """Plan a batch against the database as it will be once the batch in flight commits.
+        """Plan a batch against the database as it will be once the batches handed over commit.
 
         The database (read through a second connection, which sees committed data only) holds every
-        batch but the one in flight; that one's run states and offsets are overlaid from its plan.
+        batch committed; the run states and offsets of those handed over since are overlaid from their plans.
         """
         assert self._reader is not None
         seconds = self.stats.seconds
         clock = time.perf_counter()
-        flying = self._in_flight.plan if self._in_flight is not None else None
-        overlay = flying.states if flying is not None else {}
-        next_offsets = {**self._committed, **(flying.offsets if flying is not None else {})}
+        overlay = self._open_states
+        next_offsets = {**self._committed, **self._open_offsets}
         wanted = [
             item.run_id
             for chunk in prepared
@@ -607,50 +712,100 @@ class Projector:
         return _Batch(prepared, stored, next_offsets, plan, to_arrow(plan))
 
     async def _drain(self) -> bool:
-        """Wait for the batch in flight; account for it, or raise what it raised.
+        """Wait for the write in flight; account for the batches it committed, or raise what it raised.
 
-        Returns False when the batch had to be planned again in the writer (an event_id conflict), so
-        that a batch planned on top of it must be planned again too.
+        Returns False when the writer had to plan the batches of its transaction again (an event_id
+        conflict), so that a batch planned on top of them must be planned again too.
         """
-        pending, batch = self._pending, self._in_flight
-        if pending is None or batch is None:
+        pending = self._pending
+        if pending is None:
             return True
         try:
-            plan = await asyncio.shield(pending)  # a cancelled wait leaves the write running, and pending
+            committed = await asyncio.shield(pending)  # a cancelled wait leaves the write running, and pending
         except BaseException:
-            if pending.done():  # the write failed: its messages must be read again
+            if pending.done():  # the write failed and its transaction rolled back: all of it must be read again
                 self._unaccounted = True
+                self._forget_open()
             raise
         finally:
             if pending.done():
-                self._pending = self._in_flight = None
-        self._committed.update(plan.offsets)
-        self.stats.add(plan)
-        if self._on_batch is not None:
-            self._on_batch(plan)
+                self._pending = None
+        if committed is None:  # written in the open transaction: accounted for when it commits
+            return True
+        opened = self._forget_open()
+        for plan in committed:
+            self._committed.update(plan.offsets)
+            self.stats.add(plan)
+            if self._on_batch is not None:
+                self._on_batch(plan)
         if self._consumer is not None:
             await self._commit_to_kafka(self._consumer)
-        return plan is batch.plan
+        return all(plan is batch.plan for plan, batch in zip(committed, opened, strict=True))
 
-    def _write(self, batch: _Batch) -> Plan:
-        """In the writer thread: write one planned batch and its offsets in one transaction."""
+    def _write(self, batch: _Batch | None, commit: bool) -> list[Plan] | None:
+        """In the writer thread: write a planned batch and its offsets in the open transaction (opening one
+        if none is), and with `commit` commit it. Returns the plans of the batches committed, or None when
+        the transaction stays open for more.
+
+        An event_id conflict rolls the transaction back and writes its batches again, each planned again
+        against the database (the ids found taken dead-lettered) and committed alone. Any other failure
+        rolls it back and raises: every batch of it must be read again.
+        """
         con = self._con
         assert con is not None
         clock = time.perf_counter()
-        plan = batch.plan
         publish = self._publish if self._publisher is not None else None
         try:
-            write_batch(
-                con, batch.tables, expected_events=plan.archived, before_commit=self._before_commit, publish=publish
-            )
+            if batch is not None:
+                if not self._transaction:
+                    con.begin()
+                self._transaction.append(batch)
+                append_batch(con, batch.tables, expected_events=batch.plan.archived, publish=publish)
+            if not commit:
+                return None
+            plans = [written.plan for written in self._transaction]
+            if plans:
+                if self._before_commit is not None:
+                    self._before_commit()
+                con.commit()
+                self.stats.transactions += 1
+            self._transaction = []
         except EventIdConflict:
-            taken = taken_event_ids(con, plan.event_ids)
-            log.warning("a batch reuses %d archived event id(s); dead-lettering their messages", len(taken))
+            rollback(con)
+            batches, self._transaction = self._transaction, []
+            log.warning("%d batch(es) reuse archived event ids; writing each alone, dead-lettering those", len(batches))
+            plans = [self._write_alone(written, publish) for written in batches]
+            return plans
+        except duckdb.Error as exc:
+            rollback(con)
+            self._transaction = []
+            raise DatabaseError(f"writing a batch failed and was rolled back: {exc}") from exc
+        except BaseException:
+            rollback(con)
+            self._transaction = []
+            raise
+        finally:
+            self.stats.seconds["write"] += time.perf_counter() - clock
+        if self._after_commit is not None:
+            for plan in plans:
+                self._after_commit(plan)
+        return plans
+
+    def _write_alone(self, batch: _Batch, publish: Callable[[list[DeadLetter]], None] | None) -> Plan:
+        """In the writer thread, no transaction open: plan `batch` again against the database and write it
+        in its own transaction; the event ids the archive holds already dead-letter their messages."""
+        con = self._con
+        assert con is not None
+        run_ids = [item.run_id for chunk in batch.prepared for item in chunk.items if not isinstance(item, Rejected)]
+        stored = lookup_runs(con, run_ids)
+        next_offsets = {(self._topic, p): o for p, o in load_offsets(con, self._group, self._topic).items()}
+        taken: frozenset[str] = frozenset()
+        while True:
             plan = plan_batch(
                 batch.prepared,
-                batch.stored,
+                stored,
                 projection=self._group,
-                next_offsets=batch.next_offsets,
+                next_offsets=next_offsets,
                 taken_event_ids=taken,
                 decision_trust=self._trust,
             )
@@ -662,12 +817,16 @@ class Projector:
                     before_commit=self._before_commit,
                     publish=publish,
                 )
-            except EventIdConflict as exc:  # pragma: no cover - the ids were just read in this thread
-                raise DatabaseError(f"the archive changed under the projector: {exc}") from exc
-        self.stats.seconds["write"] += time.perf_counter() - clock
-        if self._after_commit is not None:
-            self._after_commit(plan)
-        return plan
+            except EventIdConflict as exc:
+                if taken:  # pragma: no cover - the ids were just read in this thread
+                    raise DatabaseError(f"the archive changed under the projector: {exc}") from exc
+                taken = taken_event_ids(con, plan.event_ids)
+                log.warning("a batch reuses %d archived event id(s); dead-lettering their messages", len(taken))
+                continue
+            self.stats.transactions += 1
+            if self._after_commit is not None:
+                self._after_commit(plan)
+            return plan
 
     def _publish(self, letters: list[DeadLetter]) -> None:
         """In the writer thread, inside the batch's transaction: publish its new dead letters and wait for

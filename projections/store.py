@@ -46,6 +46,7 @@ __all__ = [
     "Comparison",
     "EventIdConflict",
     "Migration",
+    "append_batch",
     "compare_projections",
     "load_offsets",
     "lookup_runs",
@@ -53,6 +54,7 @@ __all__ = [
     "migrations",
     "open_database",
     "reset_offsets",
+    "rollback",
     "taken_event_ids",
     "write_batch",
 ]
@@ -146,7 +148,7 @@ def migrate(con: duckdb.DuckDBPyConnection) -> list[str]:
             )
             con.commit()
         except duckdb.Error as exc:
-            _rollback(con)
+            rollback(con)
             raise MigrationError(f"migration {migration.name} failed and was rolled back: {exc}") from exc
         done.append(migration.name)
     return done
@@ -186,7 +188,8 @@ def _check_current(con: duckdb.DuckDBPyConnection, path: str | Path) -> None:
         raise MigrationError(f"{path} is not at the current schema: open it once read-write to migrate it")
 
 
-def _rollback(con: duckdb.DuckDBPyConnection) -> None:
+def rollback(con: duckdb.DuckDBPyConnection) -> None:
+    """Roll back the open transaction, if any (quietly: after a failure, there may be none)."""
     with contextlib.suppress(duckdb.Error):  # no transaction open (BEGIN failed): nothing to undo
         con.rollback()
 
@@ -209,45 +212,62 @@ def write_batch(
 ) -> None:
     """Write a planned batch -- every table's rows and the new read positions -- in ONE transaction.
 
-    `tables` maps batch table names (`projections.rows.TABLES`) to Arrow tables. `publish` is called
-    with the dead letters the table did not hold yet, inside the transaction, before the offsets are
-    written: it must return only once they are safely elsewhere (the dead-letter topic acknowledged
-    them); if it raises, nothing is written. `before_commit` is called inside the transaction, after
-    the last write (a test uses it to kill the process there).
+    `tables`, `expected_events` and `publish` as for `append_batch`. `before_commit` is called inside
+    the transaction, after the last write (a test uses it to kill the process there).
 
     :raises EventIdConflict: the archive took fewer than `expected_events` rows (rolled back).
     :raises DatabaseError: any DuckDB failure (rolled back: nothing of the batch is written).
     """
     try:
         con.begin()
-        for spec in TABLES:
-            table = tables.get(spec.name)
-            if table is None:
-                continue
-            if spec is DEAD_LETTERS:
-                letters = [
-                    DeadLetter(*row) for row in _fetch_with(con, f"batch_{spec.name}", table, sql(_WRITES[spec.name]))
-                ]
-                if publish is not None and letters:
-                    publish(letters)
-                continue
-            changed = _run_with(con, f"batch_{spec.name}", table, sql(_WRITES[spec.name]))
-            if spec is ARCHIVE and changed != expected_events:
-                raise EventIdConflict(f"the archive took {changed} of {expected_events} events")
-            if spec is RUN_OUTCOMES and changed != table.num_rows:
-                raise DatabaseError(
-                    f"{table.num_rows - changed} outcome(s) found their run changed under the projector:"
-                    " is another process writing this database?"
-                )
+        append_batch(con, tables, expected_events=expected_events, publish=publish)
         if before_commit is not None:
             before_commit()
         con.commit()
     except duckdb.Error as exc:
-        _rollback(con)
+        rollback(con)
         raise DatabaseError(f"writing a batch failed and was rolled back: {exc}") from exc
     except BaseException:
-        _rollback(con)
+        rollback(con)
         raise
+
+
+def append_batch(
+    con: duckdb.DuckDBPyConnection,
+    tables: Mapping[str, Any],
+    *,
+    expected_events: int,
+    publish: Callable[[list[DeadLetter]], None] | None = None,
+) -> None:
+    """Write a planned batch's rows and read positions inside the transaction the caller has open.
+
+    `tables` maps batch table names (`projections.rows.TABLES`) to Arrow tables. `publish` is called
+    with the dead letters the table did not hold yet, before the offsets are written: it must return
+    only once they are safely elsewhere (the dead-letter topic acknowledged them). On any exception
+    the caller must roll the transaction back (`rollback`): part of the batch may be written.
+
+    :raises EventIdConflict: the archive took fewer than `expected_events` rows.
+    :raises duckdb.Error: any DuckDB failure.
+    """
+    for spec in TABLES:
+        table = tables.get(spec.name)
+        if table is None:
+            continue
+        if spec is DEAD_LETTERS:
+            letters = [
+                DeadLetter(*row) for row in _fetch_with(con, f"batch_{spec.name}", table, sql(_WRITES[spec.name]))
+            ]
+            if publish is not None and letters:
+                publish(letters)
+            continue
+        changed = _run_with(con, f"batch_{spec.name}", table, sql(_WRITES[spec.name]))
+        if spec is ARCHIVE and changed != expected_events:
+            raise EventIdConflict(f"the archive took {changed} of {expected_events} events")
+        if spec is RUN_OUTCOMES and changed != table.num_rows:
+            raise DatabaseError(
+                f"{table.num_rows - changed} outcome(s) found their run changed under the projector:"
+                " is another process writing this database?"
+            )
 
 
 def _run_with(con: duckdb.DuckDBPyConnection, view: str, table: Any, statement: str) -> int:

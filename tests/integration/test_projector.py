@@ -471,8 +471,9 @@ async def _child_main(argv: Sequence[str]) -> int:
     parser.add_argument("--batch-size", type=int, default=100)
     parser.add_argument("--stall-after", type=int, help="stall inside the transaction of the batch after N")
     parser.add_argument("--decode-workers", type=int, default=0)
+    parser.add_argument("--transaction-events", type=int, help="Projector's; absent: its default")
     args = parser.parse_args(argv)
-    committed = 0
+    committed = commits = 0
 
     def on_batch(plan: Plan) -> None:
         nonlocal committed
@@ -480,9 +481,11 @@ async def _child_main(argv: Sequence[str]) -> int:
         print(f"COMMITTED {committed} {plan.archived}", flush=True)
 
     def before_commit() -> None:
+        nonlocal commits
         if args.stall_after is not None and committed >= args.stall_after:
-            print("STALLED inside the transaction, rows written, not committed", flush=True)
+            print(f"STALLED {committed} {commits} inside the transaction, rows written, not committed", flush=True)
             time.sleep(3600)  # the test kills this process here
+        commits += 1
 
     ends = {int(p): int(o) for p, o in json.loads(args.ends).items()}
     async with Projector(
@@ -494,6 +497,7 @@ async def _child_main(argv: Sequence[str]) -> int:
         decode_workers=args.decode_workers,
         before_commit=before_commit,
         on_batch=on_batch,
+        **({} if args.transaction_events is None else {"transaction_events": args.transaction_events}),
     ) as projector:
         print("WORKERS", *projector.decode_worker_pids, flush=True)
         stats = await projector.run_until(ends, timeout_s=PHASE_TIMEOUT_S)
@@ -502,7 +506,8 @@ async def _child_main(argv: Sequence[str]) -> int:
 
 
 class TestKilledMidBatch:
-    """SIGKILL a projector process inside a batch's transaction; the restarted one ends exactly once."""
+    """SIGKILL a projector process inside a batch's transaction, inside a transaction several batches share
+    (a backlog, `transaction_events`), or anywhere; the restarted one ends exactly once."""
 
     async def _publish_many(self, sink: KafkaEventSink, runs: int) -> Messages:
         pf = engine_on(sink)
@@ -516,7 +521,7 @@ class TestKilledMidBatch:
                 messages.append([done.state.run_events[-1]])
         return messages
 
-    @pytest.mark.parametrize("where", ["inside_a_transaction", "while_running"])
+    @pytest.mark.parametrize("where", ["inside_a_transaction", "inside_a_shared_transaction", "while_running"])
     async def test_restarted_after_sigkill_it_ends_with_every_event_once(
         self, broker: Broker, topic: str, sink: KafkaEventSink, tmp_path: Path, where: str
     ) -> None:
@@ -535,14 +540,21 @@ class TestKilledMidBatch:
             "--ends",
             json.dumps(ends),
         ]
-        # Killed inside a transaction (decoding in the event loop), or anywhere (decoding in a worker process).
-        stall = ["--stall-after", "3"] if where == "inside_a_transaction" else ["--decode-workers", "1"]
+        # Killed inside a transaction of one batch or of several (~4 of the ~12 batches of 40 messages;
+        # decoding in the event loop), or anywhere (decoding in a worker process).
+        stall = {
+            "inside_a_transaction": ["--stall-after", "3", "--transaction-events", "1"],
+            "inside_a_shared_transaction": ["--stall-after", "3", "--transaction-events", "1000"],
+            "while_running": ["--decode-workers", "1", "--transaction-events", "1"],
+        }[where]
         first = await asyncio.to_thread(Child, [*common, "--batch-size", "40", *stall], log)
         try:
             workers = [int(pid) for pid in (await asyncio.to_thread(first.wait_for, "WORKERS")).split()[1:]]
-            assert len(workers) == (0 if where == "inside_a_transaction" else 1)
-            if where == "inside_a_transaction":
-                await asyncio.to_thread(first.wait_for, "STALLED")
+            assert len(workers) == (1 if where == "while_running" else 0)
+            if where != "while_running":
+                _, batches, commits = (await asyncio.to_thread(first.wait_for, "STALLED")).split()[:3]
+                # committed before the stall: one batch a COMMIT, or several
+                assert (int(batches) > int(commits)) == (where == "inside_a_shared_transaction")
             else:
                 await asyncio.to_thread(first.wait_for, "COMMITTED 2 ")
         finally:
@@ -690,6 +702,92 @@ class TestDeadLetters:
         assert letter["code"] == "event_id_reused"
         assert {r["run_id"] for r in table(db, "runs")} == {first.run_events[0].run_id, follower.run_events[0].run_id}
         assert len(table(db, "archive")) == 18
+
+
+class TestSharedTransactions:
+    """Behind a backlog the batches' writes share one transaction (`transaction_events`): the tables are
+    the ones every batch committed alone gives, an event_id conflict inside a shared transaction is
+    found and dead-lettered the same way, and a failed COMMIT loses none of its batches."""
+
+    async def backlog(self, sink: KafkaEventSink) -> dict[int, int]:
+        """Eight messages waiting: the seed transfer, four more asked, one whenever-deferred."""
+        await seed_transfer(engine_on(sink))
+        for _ in range(4):
+            await engine_on(sink).run_and_record(sc.transfer())
+        await engine_on(sink, classify_when_case=lambda i: "whenever").run_and_record(sc.transfer())
+        return sink_ends(sink)
+
+    async def run(self, broker: Broker, topic: str, db: Path, ends: dict[int, int], **options: Any) -> ProjectorStats:
+        async with Projector(db, broker.bootstrap_servers, topic, batch_size=1, **options) as projector:
+            return await projector.run_until(ends, timeout_s=PHASE_TIMEOUT_S)
+
+    async def test_a_backlog_shares_transactions_and_projects_the_same(
+        self, broker: Broker, topic: str, sink: KafkaEventSink, tmp_path: Path
+    ) -> None:
+        ends = await self.backlog(sink)
+        shared, alone, young = tmp_path / "shared.duckdb", tmp_path / "alone.duckdb", tmp_path / "young.duckdb"
+        together = await self.run(broker, topic, shared, ends)
+        each = await self.run(broker, topic, alone, ends, transaction_events=1)
+        aged = await self.run(broker, topic, young, ends, max_transaction_s=0.0)
+        assert together.batches == each.batches == aged.batches == sum(ends.values()) == 8
+        assert (each.transactions, aged.transactions) == (8, 8)
+        assert together.transactions < together.batches
+        assert together.counts == each.counts
+        for other in (alone, young):
+            comparison = compare_projections(shared, other)
+            assert comparison.equal, str(comparison)
+
+    async def test_an_event_id_conflict_inside_a_shared_transaction(
+        self, broker: Broker, topic: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        pf = create_preflight(hooks=sc.hooks(), storage=MemoryStorage())
+        first = await pf.run(sc.transfer())
+        thief = _json((await pf.run(sc.transfer())).run_events)
+        thief[3] = thief[3] | {"event_id": first.run_events[5].event_id}
+        follower = await pf.run(sc.transfer())
+        k = KEY.encode()
+        stolen = [
+            (k, encode_message(first.run_events)),
+            (k, _encode(_resealed(thief))),
+            (k, encode_message(follower.run_events)),
+        ]
+        ends = ends_of(await publish_raw(broker.bootstrap_servers, topic, stolen))
+        shared, alone = tmp_path / "shared.duckdb", tmp_path / "alone.duckdb"
+        with caplog.at_level("WARNING", logger="projections.projector"):
+            stats = await self.run(broker, topic, shared, ends)
+        assert "2 batch(es) reuse archived event ids" in caplog.text  # first and thief shared a transaction
+        assert (stats.batches, stats.counts["runs"], stats.counts["dead_letters"]) == (3, 2, 1)
+        (letter,) = table(shared, "dead_letters")
+        assert letter["code"] == "event_id_reused"
+        assert {r["run_id"] for r in table(shared, "runs")} == {
+            first.run_events[0].run_id,
+            follower.run_events[0].run_id,
+        }
+        await self.run(broker, topic, alone, ends, transaction_events=1)
+        comparison = compare_projections(shared, alone)
+        assert comparison.equal, str(comparison)
+
+    async def test_a_failed_commit_of_a_shared_transaction_loses_none_of_its_batches(
+        self, broker: Broker, topic: str, sink: KafkaEventSink, tmp_path: Path
+    ) -> None:
+        ends = await self.backlog(sink)
+        commits: list[int] = []
+
+        def before_commit() -> None:
+            commits.append(1)
+            if len(commits) == 1:
+                raise OSError("disk full")
+
+        db, alone = tmp_path / "p.duckdb", tmp_path / "alone.duckdb"
+        async with Projector(db, broker.bootstrap_servers, topic, batch_size=1, before_commit=before_commit) as p:
+            with pytest.raises(OSError, match="disk full"):
+                await p.run_until(ends, timeout_s=PHASE_TIMEOUT_S)
+            assert p.committed_offsets() == {} and p.stats.batches == 0  # the first COMMIT held them all
+            stats = await p.run_until(ends, timeout_s=PHASE_TIMEOUT_S)
+        assert stats.batches == 8 and stats.transactions < 8
+        await self.run(broker, topic, alone, ends, transaction_events=1)
+        comparison = compare_projections(db, alone)
+        assert comparison.equal, str(comparison)
 
 
 class TestReplay:
