@@ -160,13 +160,34 @@ async def wait_projected(
 TERMINATED = threading.Event()
 
 
+def _raise_interrupt(signum: int) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 @contextlib.contextmanager
 def interruptible() -> Iterator[None]:
     """While the block runs, SIGTERM interrupts it as Ctrl-C does (KeyboardInterrupt), so that every
-    ``finally`` stops what it started. The previous handler is restored afterwards."""
+    ``finally`` stops what it started. The previous handler is restored afterwards.
+
+    While the main thread runs an event loop, the first SIGTERM raises KeyboardInterrupt from a callback
+    of that loop, not in whatever frame happens to run: raised inside a task's step (a Kafka client's
+    sender, say) it would fail that task, and asyncio would log the task's traceback on the way out.
+    From the callback it leaves the loop; ``asyncio.run`` then cancels every task, whose ``finally``
+    blocks stop what they started. A second SIGTERM raises at once, wherever it lands.
+    """
+    signals = 0
 
     def interrupt(signum: int, frame: FrameType | None) -> None:
+        nonlocal signals
+        signals += 1
         TERMINATED.set()
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        if signals == 1 and loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(_raise_interrupt, signum)
+            return
         raise KeyboardInterrupt(f"signal {signum}")
 
     previous = signal.signal(signal.SIGTERM, interrupt)
