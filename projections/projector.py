@@ -140,11 +140,10 @@ class ProjectorStats:
 
 @dataclass(frozen=True)
 class _Batch:
-    """A planned batch on its way to the writer, with what it was planned from (to plan it again)."""
+    """A planned batch on its way to the writer, with its decoded chunks (to plan it again against the
+    database after an event_id conflict)."""
 
     prepared: list[PreparedChunk]
-    stored: dict[str, StoredRun]
-    next_offsets: dict[tuple[str, int], int]
     plan: Plan
     tables: dict[str, Any]
 
@@ -709,7 +708,7 @@ class Projector:
             prepared, stored, projection=self._group, next_offsets=next_offsets, decision_trust=self._trust
         )
         seconds["plan"] += time.perf_counter() - clock  # rows taken from the decoded Arrow tables included
-        return _Batch(prepared, stored, next_offsets, plan, to_arrow(plan))
+        return _Batch(prepared, plan, to_arrow(plan))
 
     async def _drain(self) -> bool:
         """Wait for the write in flight; account for the batches it committed, or raise what it raised.
