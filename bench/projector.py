@@ -48,7 +48,7 @@ from preflight import MemoryEventSink, MemoryStorage, create_preflight
 from preflight.events import canonical_json, content_hash
 from projections import Projector, ProjectorStats, open_database
 from projections.decode import Incoming
-from projections.projector import default_decode_workers, tune_interpreter
+from projections.projector import DECODE_NICENESS, default_decode_workers, tune_interpreter
 from projections.rows import plan_batch, prepare_all, to_arrow
 from projections.store import sql, write_batch
 
@@ -253,6 +253,7 @@ async def project(
         batch_size=args.batch_size,
         transaction_events=args.transaction_events,
         decode_workers=args.decode_workers,
+        decode_niceness=args.decode_niceness,
         publish_dead_letters=False,
     ) as projector:
         start = time.perf_counter()
@@ -329,6 +330,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=2_000)
     parser.add_argument("--transaction-events", type=int, default=245_760, help="see Projector")
     parser.add_argument("--decode-workers", type=int, default=default_decode_workers())
+    parser.add_argument("--decode-niceness", type=int, default=DECODE_NICENESS, help="see Projector")
     parser.add_argument("--rounds", type=int, default=3, help="projector and bulk insert, each this many times")
     parser.add_argument("--profile", action="store_true", help="profile the event loop and print the top of it")
     asyncio.run(bench(parser.parse_args()))

@@ -110,6 +110,8 @@ def _shape(model: type[BaseModel]) -> type[msgspec.Struct]:
     for name, info in model.model_fields.items():
         if info is event_type:  # the union's tag: msgspec checks it is present and names this struct
             continue
+        if _typed_float(info.annotation):  # msgspec would read it without `_no_float`, and spell it its way
+            raise TypeError(f"{model.__name__}.{name}: a field typed float has no fast form")
         annotation = _plain(info.annotation)
         bounds: dict[str, Any] = {}
         for constraint in info.metadata:
@@ -130,10 +132,34 @@ def _shape(model: type[BaseModel]) -> type[msgspec.Struct]:
     )
 
 
+def _typed_float(annotation: Any) -> bool:
+    """Whether `annotation` admits a float by type (not only as an Any value); a nested model answers for
+    its own fields when its shape is made."""
+    if annotation is float:
+        return True
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return False
+    return any(_typed_float(arg) for arg in get_args(annotation) if not isinstance(arg, str))
+
+
 _EVENT_MODELS: Final = get_args(get_args(PreflightEvent)[0])
 _EVENT_SHAPES: Final = {model: _shape(model) for model in _EVENT_MODELS}
-#: A message: its events, validated strictly as they are decoded (the fast path's one msgspec call).
-_MESSAGE: Final = msgspec.json.Decoder(list[Union[tuple(_EVENT_SHAPES.values())]])  # type: ignore[misc]  # noqa: UP007
+
+
+def _no_float(literal: str) -> Any:
+    """msgspec's `float_hook`: a float where a model accepts any JSON value sends the message down the
+    reference path (msgspec spells some floats otherwise than `canonical_json`: 1e16 for 1e+16). It is
+    called for every float literal read into an untyped (Any) position -- where the models admit one, as
+    none of them has a field typed float (`_typed_float`)."""
+    raise ValueError(f"a float ({literal:.40}): judged by the reference path")
+
+
+#: A message: its events, validated strictly as they are decoded (the fast path's one msgspec call); a
+#: float anywhere in it fails the decode (`_no_float`).
+_MESSAGE: Final = msgspec.json.Decoder(
+    list[Union[tuple(_EVENT_SHAPES.values())]],  # type: ignore[misc]  # noqa: UP007
+    float_hook=_no_float,
+)
 
 
 def _mended_fields(model: type[BaseModel]) -> tuple[tuple[str, bool], ...]:
@@ -321,15 +347,14 @@ def _fast_path(value: bytes) -> tuple[list[EventJson], list[bytes]] | None:
     the JSON object it was read from (`_shape`: a field left out stays out, e.g. an unsigned decision's
     `signature`), so its sorted encoding is the canonical form, and its plain dict that object.
     """
-    shaped = _decoded(value)
+    shaped = _decoded(value)  # no float in it (`_no_float`)
     if not shaped:
         return None
     events = _as_dicts(shaped)
+    if value.count(b"[") + value.count(b"{") > _FAST_PATH_DEPTH and _too_deep(events):
+        return None
     texts: list[bytes] = []
     for event, struct in zip(events, shaped, strict=True):
-        for name in _FLOAT_HOLDERS[event["event_type"]]:
-            if name in event and _has_float(event[name], _FAST_PATH_DEPTH):
-                return None
         claimed = event["hash"]  # a lower-case hex digest (`_FAST_ONLY`): ASCII
         member = b',"hash":"' + claimed.encode("ascii") + b'"'
         full = _CANONICAL.encode(struct)
@@ -388,7 +413,8 @@ def _may_hold_float(annotation: Any) -> bool:
     return any(_may_hold_float(arg) for arg in get_args(annotation) if not isinstance(arg, str))
 
 
-#: Per event type, the fields that may hold a float (or nest): the only ones `_fast_path` looks into.
+#: Per event type, the fields that may hold any JSON value, a float or a deep one: the only ones `_too_deep`
+#: looks into.
 _FLOAT_HOLDERS: Final = {
     model.model_fields["event_type"].default: tuple(
         name for name, info in model.model_fields.items() if _may_hold_float(info.annotation)
@@ -400,6 +426,16 @@ _FLOAT_HOLDERS: Final = {
 #: How deep a value may nest for the fast path to judge it. The models refuse what their serializer
 #: cannot write back (a few hundred levels); deeper than this, the reference path, which asks them, decides.
 _FAST_PATH_DEPTH: Final = 64
+
+
+def _too_deep(events: list[EventJson]) -> bool:
+    """Whether a value in one of `events` nests deeper than `_FAST_PATH_DEPTH`. Only asked of a message
+    with more brackets than that: a value cannot nest deeper than the brackets its message holds."""
+    for event in events:
+        for name in _FLOAT_HOLDERS[event["event_type"]]:
+            if name in event and _has_float(event[name], _FAST_PATH_DEPTH):
+                return True
+    return False
 
 
 def _has_float(value: Any, limit: float = math.inf, depth: int = 1) -> bool:

@@ -84,6 +84,7 @@ from projections.store import (
 )
 
 __all__ = [
+    "DECODE_NICENESS",
     "DEFAULT_GROUP",
     "DEFAULT_TOPIC",
     "Projector",
@@ -103,6 +104,9 @@ SWITCH_INTERVAL_S: Final = 0.001
 DEFAULT_TOPIC: Final = "preflight.events"
 DEFAULT_GROUP: Final = "preflight-projector"
 REPLAY_GROUP: Final = "preflight-replay"
+#: The decode workers' default nice increment (`Projector`'s `decode_niceness`), and the largest.
+DECODE_NICENESS: Final = 10
+_MAX_NICENESS: Final = 19
 
 
 @dataclass
@@ -176,6 +180,10 @@ class Projector:
     :param decode_workers: processes that decode, verify and build rows (0: in the event loop). Decoding
         is pure Python; in other processes it runs beside the writer instead of taking turns with it
         for the GIL. `default_decode_workers()` suits a machine the projector has to itself.
+    :param decode_niceness: how far below the projector's own the decode workers' scheduling priority is
+        (a nice increment, 0-19). The writer is the pipeline's one serial stage, writing a batch while the
+        workers decode the next ones; where the projector's threads and workers want more cores than
+        there are, workers at a lower priority take the CPU the writer leaves rather than slowing it.
     :param dead_letter_topic: where dead letters are also published (`projections.dlq`); default
         ``<topic>.projector.dlq``, declared at start (one partition) if the broker does not list it.
     :param publish_dead_letters: False keeps dead letters in the `dead_letters` table only (`replay`
@@ -199,6 +207,7 @@ class Projector:
         request_timeout_ms: int = 30_000,
         kafka_commit_interval_s: float | None = 5.0,
         decode_workers: int = 0,
+        decode_niceness: int = DECODE_NICENESS,
         before_commit: Callable[[], None] | None = None,
         on_batch: Callable[[Plan], None] | None = None,
         after_commit: Callable[[Plan], None] | None = None,
@@ -210,6 +219,8 @@ class Projector:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
         if decode_workers < 0:
             raise ValueError(f"decode_workers must not be negative, got {decode_workers}")
+        if not 0 <= decode_niceness <= _MAX_NICENESS:
+            raise ValueError(f"decode_niceness must be within 0-{_MAX_NICENESS}, got {decode_niceness}")
         if transaction_events < 1:
             raise ValueError(f"transaction_events must be positive, got {transaction_events}")
         if max_transaction_s < 0:
@@ -226,6 +237,7 @@ class Projector:
         self._request_timeout_ms = request_timeout_ms
         self._kafka_commit_interval_s = kafka_commit_interval_s
         self._decode_workers = decode_workers
+        self._decode_niceness = decode_niceness
         self._trust = decision_trust
         self._pool: ProcessPoolExecutor | None = None
         self._before_commit = before_commit
@@ -360,7 +372,7 @@ class Projector:
                 self._decode_workers,
                 mp_context=multiprocessing.get_context("spawn"),
                 initializer=_start_decode_worker,
-                initargs=(os.getpid(),),
+                initargs=(os.getpid(), self._decode_niceness),
             )
             self._pool = pool
             loop = asyncio.get_running_loop()
@@ -898,9 +910,11 @@ async def log_end_offsets(
         await consumer.stop()
 
 
-def _start_decode_worker(parent: int) -> None:
-    """In a decode worker: collect garbage as `tune_interpreter` has it, and exit once the projector
-    process is gone (SIGKILLed, say) rather than linger."""
+def _start_decode_worker(parent: int, niceness: int) -> None:
+    """In a decode worker: lower its priority by `niceness`, collect garbage as `tune_interpreter` has it,
+    and exit once the projector process is gone (SIGKILLed, say) rather than linger."""
+    if niceness:
+        os.nice(niceness)
     _collect_less_often()
 
     def watch() -> None:
@@ -1005,6 +1019,7 @@ async def replay(
     group_id: str = REPLAY_GROUP,
     batch_size: int = 2_000,
     decode_workers: int = 0,
+    decode_niceness: int = DECODE_NICENESS,
     timeout_s: float = 600.0,
     progress: bool = True,
     decision_trust: DecisionTrust | None = None,
@@ -1029,6 +1044,7 @@ async def replay(
         group_id=group_id,
         batch_size=batch_size,
         decode_workers=decode_workers,
+        decode_niceness=decode_niceness,
         kafka_commit_interval_s=None,
         publish_dead_letters=False,  # the live projector published them
         on_batch=counter.update,
@@ -1055,6 +1071,12 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         default=default_decode_workers(),
         help="processes that decode and verify messages (0: none; default: one per core, at most 4)",
+    )
+    parser.add_argument(
+        "--decode-niceness",
+        type=int,
+        default=DECODE_NICENESS,
+        help=f"how much lower the decode workers' priority is (nice increment 0-19, default {DECODE_NICENESS})",
     )
     parser.add_argument(
         "--decision-public-key",
@@ -1097,6 +1119,7 @@ async def _run_command(args: argparse.Namespace, trust: DecisionTrust | None) ->
             args.topic,
             batch_size=args.batch_size,
             decode_workers=args.decode_workers,
+            decode_niceness=args.decode_niceness,
             decision_trust=trust,
         )
         print(f"replayed: {stats}")
@@ -1118,6 +1141,7 @@ async def _run_command(args: argparse.Namespace, trust: DecisionTrust | None) ->
         publish_dead_letters=args.publish_dead_letters,
         batch_size=args.batch_size,
         decode_workers=args.decode_workers,
+        decode_niceness=args.decode_niceness,
         decision_trust=trust,
     ) as p:
         stats = await p.run_forever(stop)

@@ -790,6 +790,38 @@ class TestSharedTransactions:
         assert comparison.equal, str(comparison)
 
 
+class TestDecodeWorkers:
+    """Decode workers run at the priority `decode_niceness` gives them, below the projector's writer, and
+    project what the event loop alone does."""
+
+    @pytest.mark.parametrize("niceness", [0, 7])
+    async def test_workers_run_below_the_writer_and_project_the_same(
+        self, broker: Broker, topic: str, sink: KafkaEventSink, tmp_path: Path, niceness: int
+    ) -> None:
+        messages = await seed_transfer(engine_on(sink))
+        deferred = await engine_on(sink, classify_when_case=lambda i: "whenever").run_and_record(sc.transfer())
+        ends = sink_ends(sink)
+        alone, workers = tmp_path / "alone.duckdb", tmp_path / "workers.duckdb"
+        async with Projector(alone, broker.bootstrap_servers, topic) as projector:
+            await projector.run_until(ends, timeout_s=PHASE_TIMEOUT_S)
+        async with Projector(
+            workers, broker.bootstrap_servers, topic, decode_workers=2, decode_niceness=niceness
+        ) as projector:
+            own = os.getpriority(os.PRIO_PROCESS, 0)
+            pids = projector.decode_worker_pids
+            assert len(pids) == 2
+            assert [os.getpriority(os.PRIO_PROCESS, pid) for pid in pids] == [min(own + niceness, 19)] * 2
+            await projector.run_until(ends, timeout_s=PHASE_TIMEOUT_S)
+        comparison = compare_projections(alone, workers)
+        assert comparison.equal, str(comparison)
+        assert len(table(workers, "archive")) == sum(map(len, messages)) + len(deferred.run_events)
+
+    def test_a_niceness_beyond_what_nice_takes_is_refused(self, tmp_path: Path) -> None:
+        for niceness in (-1, 20):
+            with pytest.raises(ValueError, match="decode_niceness"):
+                Projector(tmp_path / "db.duckdb", "127.0.0.1:1", decode_niceness=niceness)
+
+
 class TestReplay:
     """A replay from offset 0 into a fresh file equals the live projection."""
 
