@@ -1061,20 +1061,37 @@ async def replay(
 # ---- command line ---------------------------------------------------------------------------------------
 
 
+def _within(low: int, high: int | None = None) -> Callable[[str], int]:
+    """An argparse type: an integer from `low` up to `high` (None: no upper bound)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if high is None and value < low:
+            raise argparse.ArgumentTypeError(f"{value} is below {low}")
+        if high is not None and not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{value} is not within {low}-{high}")
+        return value
+
+    return parse
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m projections", description=__doc__.split("\n")[0])
     parser.add_argument("--bootstrap", required=True, help="broker address, host:port[,host:port...]")
     parser.add_argument("--topic", default=DEFAULT_TOPIC, help=f"events topic (default {DEFAULT_TOPIC})")
-    parser.add_argument("--batch-size", type=int, default=2_000, help="most messages per transaction")
+    parser.add_argument("--batch-size", type=_within(1), default=2_000, help="most messages per transaction")
     parser.add_argument(
         "--decode-workers",
-        type=int,
+        type=_within(0),
         default=default_decode_workers(),
         help="processes that decode and verify messages (0: none; default: one per core, at most 4)",
     )
     parser.add_argument(
         "--decode-niceness",
-        type=int,
+        type=_within(0, _MAX_NICENESS),
         default=DECODE_NICENESS,
         help=f"how much lower the decode workers' priority is (nice increment 0-19, default {DECODE_NICENESS})",
     )
