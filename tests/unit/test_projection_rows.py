@@ -29,7 +29,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import event as label
 from hypothesis import strategies as st
-from pydantic import TypeAdapter, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from preflight import (
     ChainError,
@@ -351,7 +351,6 @@ class TestDecode:
     def test_a_field_typed_float_stops_the_import(self) -> None:
         """The fast path sends a float down the reference path from msgspec's `float_hook`, which only sees
         floats read into Any: an event model with a float-typed field has no fast shape."""
-        from pydantic import BaseModel
 
         class Measured(BaseModel):
             reading: float | None = None
