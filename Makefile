@@ -4,15 +4,27 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test test-kafka lint typecheck unit bench demo clean
+.PHONY: venv native native-test test test-kafka lint typecheck unit bench demo clean
 
-$(STAMP): pyproject.toml
+NATIVE_SOURCES := native/Cargo.toml native/Cargo.lock native/pyproject.toml native/src/lib.rs native/preflight_audit_native.pyi
+
+$(STAMP): pyproject.toml $(NATIVE_SOURCES)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(MAKE) --no-print-directory native
 	touch $(STAMP)
 
 venv: $(STAMP)
+
+# The projector's compiled check (native/, Rust): built and installed wherever cargo is; without it the
+# projector runs the same check in Python, more slowly (projections/README.md).
+native:
+	@if command -v cargo >/dev/null 2>&1; then \
+		$(BIN)/python -m pip install --quiet ./native; \
+	else \
+		echo "no Rust toolchain (cargo): the projector checks canonical events in Python" >&2; \
+	fi
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -24,8 +36,15 @@ typecheck: $(STAMP)
 unit: $(STAMP)
 	$(BIN)/pytest -q tests/unit tests/contract
 
+# The compiled check's own tests (Rust), where there is a Rust toolchain.
+native-test: $(STAMP)
+	@if command -v cargo >/dev/null 2>&1; then \
+		cargo fmt --check --manifest-path native/Cargo.toml && \
+		PYO3_PYTHON=$(abspath $(BIN))/python cargo test --quiet --release --manifest-path native/Cargo.toml; \
+	fi
+
 # The whole suite: lint, types, then every test (unit, contract, integration on the selected broker).
-test: lint typecheck
+test: lint typecheck native-test
 	$(BIN)/pytest -q; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 # The integration suite again, on an Apache Kafka broker assembled from Maven Central (CI tier).
@@ -51,4 +70,4 @@ bench: $(STAMP)
 	$(BIN)/python bench/verify.py
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache build *.egg-info
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache build *.egg-info native/target

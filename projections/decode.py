@@ -21,16 +21,25 @@ with sorted keys, which is byte for byte `preflight.events.canonical_json` for e
 holding a float (or anything the fast path does not accept) takes the reference path: read with the
 standard library, validated event by event with `preflight.events.decode_event`, hashed with
 `preflight.events.content_hash` itself, which also names the precise defect.
+
+The fast path's hashing has a compiled form (`native/`, the `preflight_audit_native` module, built by
+`make` wherever there is a Rust toolchain): the producer writes each event in canonical form, so it checks
+on the message's own bytes that every event is in that form and that its hash matches, and answers their
+texts -- or nothing, for anything it cannot vouch for (a float, an escaped key, whitespace, a hash that
+does not match, ...), and then the Python above decides as it would without it. Property tests hold it to
+that (tests/unit/test_native_decode.py); `PREFLIGHT_NATIVE_DECODE=0` leaves it unused.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import math
+import os
 import re
 import types
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Final, Literal, Union, get_args, get_origin
 
@@ -73,6 +82,25 @@ _FAST_ONLY: Final[dict[str, Any]] = {
     "event_id": Annotated[str, msgspec.Meta(pattern=rf"^(?:{_UUID_PATTERN})\Z")],
     "hash": Annotated[str, msgspec.Meta(pattern=rf"^[0-9a-f]{{{_DIGEST_LENGTH}}}\Z")],
 }
+#: Set to "0" to leave the compiled check (`preflight_audit_native`) unused, e.g. to compare the two.
+NATIVE_ENV: Final = "PREFLIGHT_NATIVE_DECODE"
+
+
+def _native_check() -> Callable[[bytes], list[bytes] | None] | None:
+    """The compiled check of a message's canonical texts and chain hashes (`native/`), if it is installed
+    and not turned off (`NATIVE_ENV`); without it, the same check runs in Python."""
+    if os.environ.get(NATIVE_ENV, "1") == "0":
+        return None
+    try:
+        module = importlib.import_module("preflight_audit_native")
+    except ImportError:
+        return None
+    check: Callable[[bytes], list[bytes] | None] = module.canonical_texts
+    return check
+
+
+_NATIVE: Final = _native_check()
+
 #: Integers that go to an INTEGER column (a tail's `seq`, a checklist item's index) lie below this.
 _INTEGER_LIMIT: Final = 2**31
 
@@ -353,6 +381,11 @@ def _fast_path(value: bytes) -> tuple[list[EventJson], list[bytes]] | None:
     events = _as_dicts(shaped)
     if value.count(b"[") + value.count(b"{") > _FAST_PATH_DEPTH and _too_deep(events):
         return None
+    if _NATIVE is not None:
+        # Each event's own text, if the producer wrote it in canonical form and its hash matches.
+        native = _NATIVE(value)
+        if native is not None and len(native) == len(events):
+            return events, native
     texts: list[bytes] = []
     for event, struct in zip(events, shaped, strict=True):
         claimed = event["hash"]  # a lower-case hex digest (`_FAST_ONLY`): ASCII

@@ -1,0 +1,271 @@
+"""The compiled check of a message's canonical texts and chain hashes (`native/`, `preflight_audit_native`).
+
+It may only ever answer what the Python check would conclude, or nothing: for any bytes, each text it
+vouches for is the canonical JSON of the object it reads as, and that object's hash is its content hash
+(soundness); for an event already in canonical form, it vouches unless the form holds something it leaves
+to Python -- a key with an escape, an integer of more than 18 digits, nesting deeper than its limit
+(completeness, so that the fast path does take it). With it or without it, the fast path returns the
+same events and texts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from types import ModuleType
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from preflight.events import canonical_json, content_hash
+from projections import decode
+from projections.decode import _fast_path
+from tests.unit.test_projection_rows import base_run, every_kind_of_event, rechained
+
+_MAX_DIGITS = 18
+
+
+def _native() -> ModuleType:
+    try:
+        return importlib.import_module("preflight_audit_native")
+    except ImportError:
+        if shutil.which("cargo") is not None:  # `make` builds it wherever there is a Rust toolchain
+            raise
+        pytest.skip("preflight_audit_native is not built: no Rust toolchain on this machine")
+
+
+@pytest.fixture(scope="module")
+def native() -> ModuleType:
+    return _native()
+
+
+def test_the_projector_uses_the_compiled_check_when_it_is_built(native: ModuleType) -> None:
+    if os.environ.get(decode.NATIVE_ENV) == "0":
+        assert decode._NATIVE is None
+    else:
+        assert decode._NATIVE is native.canonical_texts
+
+
+# ---- given: events in canonical form ----------------------------------------------------------------------
+
+_TEXT = st.text(st.characters(exclude_categories=["Cs"]), max_size=6)
+
+
+def _values() -> st.SearchStrategy[Any]:
+    scalars = st.one_of(st.none(), st.booleans(), st.integers(-(10**20), 10**20), _TEXT)
+    return st.recursive(
+        scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_TEXT, inner, max_size=4), max_leaves=12
+    )
+
+
+def _deep(depth: int) -> Any:
+    value: Any = 1
+    for level in range(depth):
+        value = [value] if level % 2 else {"k": value}
+    return value
+
+
+def _seal(body: dict[str, Any]) -> dict[str, Any]:
+    return body | {"hash": content_hash(body["prev_hash"], body)}
+
+
+@st.composite
+def sealed_events(draw: st.DrawFn) -> dict[str, Any]:
+    """An event-like object (any keys and JSON values but floats) with a `prev_hash`, sealed with its hash."""
+    body: dict[str, Any] = draw(st.dictionaries(_TEXT, _values(), max_size=6))
+    body.pop("hash", None)
+    body["prev_hash"] = draw(st.one_of(st.just("0" * 64), _TEXT))
+    return _seal(body)
+
+
+def _vouchable(value: Any, depth: int = 1) -> bool:
+    """Whether the compiled check vouches for `value`'s canonical form (see the module doc)."""
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return True
+    if isinstance(value, int):
+        return len(str(abs(value))) <= _MAX_DIGITS
+    if depth > 64:
+        return False
+    if isinstance(value, list):
+        return all(_vouchable(item, depth + 1) for item in value)
+    assert isinstance(value, dict)
+    escaped = any(json.dumps(key, ensure_ascii=False) != f'"{key}"' for key in value)
+    return not escaped and all(_vouchable(item, depth + 1) for item in value.values())
+
+
+def _sealed_as_is(body: bytes, prev: bytes) -> bytes:
+    """`body` (JSON bytes whose top-level "prev_hash" follows another member) with the hash of its bytes as
+    they are over `prev` inserted before that member: an event whose hash matches whatever its form."""
+    digest = hashlib.sha256(prev + b"\n" + body).hexdigest().encode()
+    at = body.index(b',"prev_hash"')
+    return body[:at] + b',"hash":"' + digest + b'"' + body[at:]
+
+
+def _plain(text: str) -> bool:
+    return json.dumps(text, ensure_ascii=False) == f'"{text}"'
+
+
+class TestCompleteness:
+    """An event in canonical form whose hash matches is vouched for, text for text."""
+
+    @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(events=st.lists(sealed_events(), min_size=1, max_size=3))
+    @example(events=[_seal({"prev_hash": "", "v": 10**18 - 1}), _seal({"prev_hash": "", "v": -(10**18) + 1})])
+    @example(events=[_seal({"prev_hash": ""})])  # the hash is the first member: the body is the rest
+    def test_canonical_events_are_vouched_for(self, native: ModuleType, events: list[dict[str, Any]]) -> None:
+        texts = [canonical_json(event) for event in events]
+        answer = native.canonical_texts(b"[" + b",".join(texts) + b"]")
+        if all(_vouchable(event) and _plain(event["prev_hash"]) for event in events):
+            assert answer == texts
+        else:
+            assert answer is None
+
+    def test_real_runs_are_vouched_for(self, native: ModuleType) -> None:
+        for event in every_kind_of_event():
+            text = canonical_json(event)
+            assert native.canonical_texts(b"[" + text + b"]") == [text]
+        run = base_run()
+        assert native.canonical_texts(canonical_json(run)) == [canonical_json(e) for e in run]
+
+    @pytest.mark.parametrize("depth", [62, 63, 64, 65])
+    def test_nesting_is_vouched_for_to_its_limit(self, native: ModuleType, depth: int) -> None:
+        event = _seal({"prev_hash": "", "v": _deep(depth)})  # the event is level 1, its value's below
+        answer = native.canonical_texts(b"[" + canonical_json(event) + b"]")
+        assert (answer is not None) == (depth + 1 <= native.MAX_DEPTH)
+
+
+# ---- given: anything else ----------------------------------------------------------------------------------
+
+
+def _respellings(event: dict[str, Any]) -> Iterator[bytes]:
+    """The same event in forms other than the canonical one (each is a valid JSON spelling of it)."""
+    yield json.dumps(event, sort_keys=True).encode()  # spaces
+    yield json.dumps(event, sort_keys=True, separators=(",", ":")).encode()  # \u escapes
+    yield json.dumps(dict(reversed(event.items())), separators=(",", ":"), ensure_ascii=False).encode()
+
+
+@st.composite
+def altered_messages(draw: st.DrawFn) -> bytes:
+    """A message of canonical events, one byte of it changed, removed or doubled, or respelled whole."""
+    events = draw(st.lists(sealed_events(), min_size=1, max_size=2))
+    message = b"[" + b",".join(canonical_json(event) for event in events) + b"]"
+    how = draw(st.sampled_from(["change", "remove", "double", "respell", "respell and reseal"]))
+    if how.startswith("respell"):
+        index = draw(st.integers(0, len(events) - 1))
+        texts = [canonical_json(event) for event in events]
+        event = events[index]
+        if how == "respell":  # its hash is over the canonical form: it no longer matches
+            texts[index] = draw(st.sampled_from(list(_respellings(event))))
+        else:  # hashed over the bytes as they are: only the form is wrong
+            body = {k: v for k, v in event.items() if k != "hash"}
+            spelled = draw(st.sampled_from(list(_respellings(body))))
+            digest = hashlib.sha256(event["prev_hash"].encode() + b"\n" + spelled).hexdigest()
+            texts[index] = spelled[:-1] + (b"," if body else b"") + b'"hash":"' + digest.encode() + b'"}'
+        return b"[" + b",".join(texts) + b"]"
+    at = draw(st.integers(0, len(message) - 1))
+    if how == "change":
+        byte = draw(st.sampled_from(b' \t\n"\\,:[]{}0123456789-.eEabcfnrtu\x00\x1f\x7f\xc3\xa9'))
+        return message[:at] + bytes([byte]) + message[at + 1 :]
+    if how == "remove":
+        return message[:at] + message[at + 1 :]
+    return message[:at] + message[at : at + 1] * 2 + message[at:]
+
+
+def _judged_in_python(text: bytes) -> bool:
+    """Whether Python's check accepts `text` as an event in canonical form whose hash matches."""
+    try:
+        event = json.loads(text)
+    except ValueError:
+        return False
+    if not isinstance(event, dict) or not isinstance(event.get("hash"), str):
+        return False
+    if not isinstance(event.get("prev_hash"), str):
+        return False
+    try:
+        return canonical_json(event) == text and content_hash(event["prev_hash"], event) == event["hash"]
+    except (TypeError, ValueError):  # a lone surrogate, NaN: no canonical form
+        return False
+
+
+class TestSoundness:
+    """Whatever the bytes, a text vouched for is canonical, hash-valid, and the message's own event."""
+
+    @settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(message=altered_messages())
+    @example(message=b'[{"hash":"' + b"0" * 64 + b'","prev_hash":""}]')
+    @example(message=b"[{}]")
+    @example(message=b'[{"a":"\\u00e9","hash":"x","prev_hash":""}]')
+    def test_only_what_python_accepts_is_vouched_for(self, native: ModuleType, message: bytes) -> None:
+        answer = native.canonical_texts(message)
+        if answer is None:
+            return
+        assert all(_judged_in_python(text) for text in answer)
+        assert json.loads(b"[" + b",".join(answer) + b"]") == json.loads(message)
+
+    @pytest.mark.parametrize(
+        ("body", "prev"),
+        [
+            (b'{"a":1.0,"prev_hash":""}', b""),
+            (b'{"a":1e3,"prev_hash":""}', b""),
+            (b'{"a":-0,"prev_hash":""}', b""),
+            (b'{"a":01,"prev_hash":""}', b""),
+            (b'{"a":"\\/","prev_hash":""}', b""),
+            (b'{"a":"\\u0008","prev_hash":""}', b""),  # json.dumps writes \b
+            (b'{"a":"\\u0009","prev_hash":""}', b""),  # json.dumps writes \t
+            (b'{"a":"\\u000a","prev_hash":""}', b""),  # json.dumps writes \n
+            (b'{"a":"\\u000c","prev_hash":""}', b""),  # json.dumps writes \f
+            (b'{"a":"\\u000d","prev_hash":""}', b""),  # json.dumps writes \r
+            (b'{"a":"\\u001F","prev_hash":""}', b""),
+            (b'{"a":"\\u0041","prev_hash":""}', b""),
+            (b'{"a":"\\ud800","prev_hash":""}', b""),
+            (b'{"a":"\t","prev_hash":""}', b""),
+            (b'{"a":1,"a":1,"prev_hash":""}', b""),
+            (b'{"b":1,"a":1,"prev_hash":""}', b""),
+            (b'{"a":[1, 2],"prev_hash":""}', b""),
+            (b'{"a":1234567890123456789,"prev_hash":""}', b""),
+            (b'{"a\\n":1,"prev_hash":""}', b""),
+            (b'{"a":1,"prev_hash":"\\u0000"}', b"\x00"),  # canonical, but an escape in prev_hash
+        ],
+    )
+    def test_what_it_cannot_vouch_for_is_left_to_python(self, native: ModuleType, body: bytes, prev: bytes) -> None:
+        assert native.canonical_texts(b"[" + _sealed_as_is(body, prev) + b"]") is None
+
+    def test_sealed_as_is_a_canonical_body_is_vouched_for(self, native: ModuleType) -> None:
+        text = _sealed_as_is(b'{"a":[1,{"b":"\\u001f\\n\xc3\xa9"}],"prev_hash":"p"}', b"p")
+        assert native.canonical_texts(b"[" + text + b"]") == [text]
+
+    @pytest.mark.parametrize("message", [b"", b"[]", b"{}", b"[1]", b"[[]]", b'["a"]', b"[{}", b"[{}]]", b"\xff"])
+    def test_what_is_not_an_array_of_events_is_left_to_python(self, native: ModuleType, message: bytes) -> None:
+        assert native.canonical_texts(message) is None
+
+    def test_a_hash_over_other_content_is_left_to_python(self, native: ModuleType) -> None:
+        run = base_run()
+        run[2] = {**run[2], "occurred_at": "2026-01-01T00:00:00+00:00"}
+        assert native.canonical_texts(canonical_json(run)) is None
+        assert native.canonical_texts(canonical_json(rechained(run))) is not None
+
+
+# ---- the fast path, with it and without it ------------------------------------------------------------------
+
+
+def test_the_fast_path_returns_the_same_with_it_and_without_it(
+    native: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    messages = [canonical_json(base_run()), canonical_json(rechained(base_run()))]
+    messages += [b"[" + canonical_json(event) + b"]" for event in every_kind_of_event()]
+    messages.append(json.dumps(base_run()).encode())  # spaced: the compiled check leaves it to Python
+    vouched = 0
+    for message in messages:
+        monkeypatch.setattr(decode, "_NATIVE", native.canonical_texts)
+        with_it = _fast_path(message)
+        vouched += native.canonical_texts(message) is not None
+        monkeypatch.setattr(decode, "_NATIVE", None)
+        assert with_it == _fast_path(message)
+        assert with_it is not None
+    assert vouched == len(messages) - 1
