@@ -86,20 +86,21 @@ _FAST_ONLY: Final[dict[str, Any]] = {
 NATIVE_ENV: Final = "PREFLIGHT_NATIVE_DECODE"
 
 
-def _native_check() -> Callable[[bytes], list[bytes] | None] | None:
-    """The compiled check of a message's canonical texts and chain hashes (`native/`), if it is installed
-    and not turned off (`NATIVE_ENV`); without it, the same check runs in Python."""
+def _native_module() -> Any:
+    """The compiled module (`native/`: `preflight_audit_native`) if it is installed and not turned off
+    (`NATIVE_ENV`); without it, the same work is done in Python."""
     if os.environ.get(NATIVE_ENV, "1") == "0":
         return None
     try:
-        module = importlib.import_module("preflight_audit_native")
+        return importlib.import_module("preflight_audit_native")
     except ImportError:
         return None
-    check: Callable[[bytes], list[bytes] | None] = module.canonical_texts
-    return check
 
 
-_NATIVE: Final = _native_check()
+#: The compiled module, or None (see `_native_module`).
+NATIVE: Final = _native_module()
+#: Its check of a message's canonical texts and chain hashes, or None.
+_NATIVE: Final[Callable[[bytes], list[bytes] | None] | None] = getattr(NATIVE, "canonical_texts", None)
 
 #: Integers that go to an INTEGER column (a tail's `seq`, a checklist item's index) lie below this.
 _INTEGER_LIMIT: Final = 2**31

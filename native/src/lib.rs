@@ -293,6 +293,264 @@ fn integer(b: &[u8], at: usize) -> Option<usize> {
     }
 }
 
+// ---- the archive's envelope columns ----------------------------------------------------------------------
+
+/// The archive's string columns read from an event's top level, in this order (`projections.rows.ARCHIVE`).
+pub const STRING_FIELDS: [&str; 9] = [
+    "event_id",
+    "run_id",
+    "event_type",
+    "action_key",
+    "user_id",
+    "agent_id",
+    "occurred_at",
+    "hash",
+    "prev_hash",
+];
+/// Its 32-bit integer columns.
+pub const INTEGER_FIELDS: [&str; 2] = ["seq", "schema_version"];
+
+/// An Arrow string column under construction: validity bits, 32-bit offsets, UTF-8 data.
+#[derive(Default)]
+pub struct StringColumn {
+    pub validity: Vec<u8>,
+    pub offsets: Vec<u8>,
+    pub data: Vec<u8>,
+    pub nulls: usize,
+}
+
+impl StringColumn {
+    fn push(&mut self, row: usize, value: Option<&[u8]>) -> Option<()> {
+        if row == 0 {
+            self.offsets.extend_from_slice(&0i32.to_le_bytes());
+        }
+        if row.is_multiple_of(8) {
+            self.validity.push(0);
+        }
+        match value {
+            Some(text) => {
+                self.data.extend_from_slice(text);
+                *self.validity.last_mut()? |= 1 << (row % 8);
+            }
+            None => self.nulls += 1,
+        }
+        let end = i32::try_from(self.data.len()).ok()?;
+        self.offsets.extend_from_slice(&end.to_le_bytes());
+        Some(())
+    }
+}
+
+/// The archive's columns of a chunk of verified events (canonical JSON texts): `STRING_FIELDS` as string
+/// columns (`event_id` lower-cased), `INTEGER_FIELDS` as little-endian int32 values, and the texts
+/// themselves as one more string column. `None` if an event lacks one of these members, holds another
+/// kind of value in it (a string field may be null), an integer beyond 32 bits, an escape other than
+/// `json.dumps` writes, or a non-ASCII `event_id`: the caller builds the columns itself.
+pub fn archive_columns(texts: &[&[u8]]) -> Option<(Vec<StringColumn>, Vec<Vec<u8>>, StringColumn)> {
+    let mut strings: Vec<StringColumn> = STRING_FIELDS
+        .iter()
+        .map(|_| StringColumn::default())
+        .collect();
+    let mut integers: Vec<Vec<u8>> = INTEGER_FIELDS
+        .iter()
+        .map(|_| Vec::with_capacity(texts.len() * 4))
+        .collect();
+    let mut events = StringColumn::default();
+    let mut unescaped = Vec::new();
+    for (row, text) in texts.iter().enumerate() {
+        std::str::from_utf8(text).ok()?;
+        let mut found_strings: [Option<Option<(usize, usize)>>; 9] = [None; 9];
+        let mut found_integers: [Option<i32>; 2] = [None; 2];
+        for_each_member(text, |key, start, end| {
+            if let Some(index) = string_field(key) {
+                found_strings[index] = Some(match text[start] {
+                    b'"' => Some((start, end)),
+                    b'n' => None,
+                    _ => return false,
+                });
+            } else if let Some(index) = integer_field(key) {
+                let Some(number) = std::str::from_utf8(&text[start..end])
+                    .ok()
+                    .and_then(|n| n.parse::<i32>().ok())
+                else {
+                    return false;
+                };
+                found_integers[index] = Some(number);
+            }
+            true
+        })?;
+        for (index, found) in found_strings.iter().enumerate() {
+            let value = match (*found)? {
+                None => None,
+                Some((start, end)) => {
+                    unescaped.clear();
+                    unescape(&text[start + 1..end - 1], &mut unescaped)?;
+                    if index == 0 {
+                        if !unescaped.is_ascii() {
+                            return None;
+                        }
+                        unescaped.make_ascii_lowercase();
+                    }
+                    Some(unescaped.as_slice())
+                }
+            };
+            strings[index].push(row, value)?;
+        }
+        for (index, found) in found_integers.iter().enumerate() {
+            integers[index].extend_from_slice(&(*found)?.to_le_bytes());
+        }
+        events.push(row, Some(text))?;
+    }
+    Some((strings, integers, events))
+}
+
+/// The position of `key` in `STRING_FIELDS` (a test holds the two to the same order).
+fn string_field(key: &[u8]) -> Option<usize> {
+    Some(match key {
+        b"event_id" => 0,
+        b"run_id" => 1,
+        b"event_type" => 2,
+        b"action_key" => 3,
+        b"user_id" => 4,
+        b"agent_id" => 5,
+        b"occurred_at" => 6,
+        b"hash" => 7,
+        b"prev_hash" => 8,
+        _ => return None,
+    })
+}
+
+/// The position of `key` in `INTEGER_FIELDS`.
+fn integer_field(key: &[u8]) -> Option<usize> {
+    Some(match key {
+        b"seq" => 0,
+        b"schema_version" => 1,
+        _ => return None,
+    })
+}
+
+/// Calls `visit(key, value_start, value_end)` for each member of the JSON object `text` (keys without
+/// escapes; any JSON value, skipped leniently: `text` is already known to be JSON). `None` if `visit`
+/// refuses a member or the text is not such an object.
+fn for_each_member(text: &[u8], mut visit: impl FnMut(&[u8], usize, usize) -> bool) -> Option<()> {
+    if text.first()? != &b'{' {
+        return None;
+    }
+    let mut at = 1;
+    if text.get(at)? == &b'}' {
+        return (at + 1 == text.len()).then_some(());
+    }
+    loop {
+        let (key_end, escaped) = lenient_string(text, at)?;
+        if escaped || text.get(key_end)? != &b':' {
+            return None;
+        }
+        let start = key_end + 1;
+        let end = skip_value(text, start)?;
+        if !visit(&text[at + 1..key_end - 1], start, end) {
+            return None;
+        }
+        match text.get(end)? {
+            b',' => at = end + 1,
+            b'}' => return (end + 1 == text.len()).then_some(()),
+            _ => return None,
+        }
+    }
+}
+
+/// Where the JSON value at `at` ends, in text without whitespace (any number, any escape).
+fn skip_value(b: &[u8], at: usize) -> Option<usize> {
+    match b.get(at)? {
+        b'"' => lenient_string(b, at).map(|(end, _)| end),
+        b'{' | b'[' => {
+            let mut depth = 0usize;
+            let mut at = at;
+            loop {
+                match b.get(at)? {
+                    b'"' => at = lenient_string(b, at)?.0,
+                    b'{' | b'[' => {
+                        depth += 1;
+                        at += 1;
+                    }
+                    b'}' | b']' => {
+                        depth -= 1;
+                        at += 1;
+                        if depth == 0 {
+                            return Some(at);
+                        }
+                    }
+                    _ => at += 1,
+                }
+            }
+        }
+        _ => {
+            let mut end = at;
+            while let Some(c) = b.get(end) {
+                if matches!(c, b',' | b'}' | b']') {
+                    break;
+                }
+                end += 1;
+            }
+            Some(end)
+        }
+    }
+}
+
+/// Where the string at `at` ends, and whether it holds an escape (any escape).
+fn lenient_string(b: &[u8], at: usize) -> Option<(usize, bool)> {
+    if b.get(at)? != &b'"' {
+        return None;
+    }
+    let mut at = at + 1;
+    let mut escaped = false;
+    loop {
+        at = plain_run(b, at);
+        match *b.get(at)? {
+            b'"' => return Some((at + 1, escaped)),
+            b'\\' => {
+                escaped = true;
+                at += 2;
+            }
+            _ => at += 1,
+        }
+    }
+}
+
+/// A JSON string's content with the escapes `json.dumps` writes resolved; `None` for any other escape.
+fn unescape(raw: &[u8], out: &mut Vec<u8>) -> Option<()> {
+    let mut at = 0;
+    while at < raw.len() {
+        let next = raw[at..]
+            .iter()
+            .position(|&c| c == b'\\')
+            .map_or(raw.len(), |p| at + p);
+        out.extend_from_slice(&raw[at..next]);
+        if next == raw.len() {
+            break;
+        }
+        let (byte, width) = match *raw.get(next + 1)? {
+            b'"' => (b'"', 2),
+            b'\\' => (b'\\', 2),
+            b'b' => (0x08, 2),
+            b'f' => (0x0c, 2),
+            b'n' => (b'\n', 2),
+            b'r' => (b'\r', 2),
+            b't' => (b'\t', 2),
+            b'u' => {
+                let code = std::str::from_utf8(raw.get(next + 2..next + 6)?).ok()?;
+                let value = u8::from_str_radix(code, 16).ok()?; // beyond 0xff: not a control character
+                if value >= 0x20 {
+                    return None;
+                }
+                (value, 6)
+            }
+            _ => return None,
+        };
+        out.push(byte);
+        at = next + width;
+    }
+    Some(())
+}
+
 /// The text of each event in `message` (a JSON array, as bytes) if every one is already in canonical
 /// form and its chain hash matches; else None (see the module doc).
 #[pyfunction]
@@ -306,9 +564,51 @@ fn canonical_texts<'py>(py: Python<'py>, message: &[u8]) -> PyResult<Option<Boun
     Ok(Some(PyList::new(py, texts)?))
 }
 
+type Buffers<'py> = (
+    Option<Bound<'py, PyBytes>>,
+    Bound<'py, PyBytes>,
+    Bound<'py, PyBytes>,
+);
+
+fn string_buffers<'py>(py: Python<'py>, column: &StringColumn) -> Buffers<'py> {
+    let validity = (column.nulls > 0).then(|| PyBytes::new(py, &column.validity));
+    (
+        validity,
+        PyBytes::new(py, &column.offsets),
+        PyBytes::new(py, &column.data),
+    )
+}
+
+/// The archive's columns of verified events as Arrow buffers (see `archive_columns`): a list of
+/// (validity or None, offsets, data) per string field, a list of int32 values per integer field, and the
+/// texts' (validity, offsets, data); or None, and the caller builds them itself.
+#[pyfunction]
+#[allow(clippy::type_complexity)]
+fn archive_buffers<'py>(
+    py: Python<'py>,
+    texts: Vec<Bound<'py, PyBytes>>,
+) -> PyResult<Option<(Vec<Buffers<'py>>, Vec<Bound<'py, PyBytes>>, Buffers<'py>)>> {
+    let slices: Vec<&[u8]> = texts.iter().map(|text| text.as_bytes()).collect();
+    let Some((strings, integers, events)) = archive_columns(&slices) else {
+        return Ok(None);
+    };
+    let strings = strings
+        .iter()
+        .map(|column| string_buffers(py, column))
+        .collect();
+    let integers = integers
+        .iter()
+        .map(|values| PyBytes::new(py, values))
+        .collect();
+    Ok(Some((strings, integers, string_buffers(py, &events))))
+}
+
 #[pymodule]
 fn preflight_audit_native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(canonical_texts, module)?)?;
+    module.add_function(wrap_pyfunction!(archive_buffers, module)?)?;
+    module.add("STRING_FIELDS", STRING_FIELDS.to_vec())?;
+    module.add("INTEGER_FIELDS", INTEGER_FIELDS.to_vec())?;
     module.add("MAX_DEPTH", MAX_DEPTH)?;
     Ok(())
 }
@@ -336,6 +636,18 @@ mod tests {
             canonical_spans(message.as_bytes()),
             Some(vec![(1, message.len() - 1)])
         );
+    }
+
+    #[test]
+    fn the_fields_are_found_in_their_order() {
+        for (index, name) in STRING_FIELDS.iter().enumerate() {
+            assert_eq!(string_field(name.as_bytes()), Some(index));
+        }
+        for (index, name) in INTEGER_FIELDS.iter().enumerate() {
+            assert_eq!(integer_field(name.as_bytes()), Some(index));
+        }
+        assert_eq!(string_field(b"seq"), None);
+        assert_eq!(integer_field(b"hash"), None);
     }
 
     #[test]

@@ -26,7 +26,8 @@ from hypothesis import strategies as st
 from preflight.events import canonical_json, content_hash
 from projections import decode
 from projections.decode import _fast_path
-from tests.unit.test_projection_rows import base_run, every_kind_of_event, rechained
+from projections.rows import prepare_all
+from tests.unit.test_projection_rows import base_run, demo_messages, every_kind_of_event, rechained
 
 _MAX_DIGITS = 18
 
@@ -269,3 +270,94 @@ def test_the_fast_path_returns_the_same_with_it_and_without_it(
         assert with_it == _fast_path(message)
         assert with_it is not None
     assert vouched == len(messages) - 1
+
+
+# ---- the archive's columns, built by it and in Python ---------------------------------------------------------
+
+_ENVELOPE_STRINGS = ("run_id", "event_type", "action_key", "user_id", "agent_id", "occurred_at", "hash", "prev_hash")
+
+
+#: A top-level key as the models name them: nothing in it to escape (an escaped one is declined).
+_PLAIN_KEY = st.text(st.characters(exclude_categories=["Cs", "Cc"], exclude_characters='"\\'), max_size=6)
+
+
+@st.composite
+def verified_texts(draw: st.DrawFn) -> list[bytes]:
+    """Canonical texts of event-like objects: the archive's members (strings, a null action_key, a UUID
+    event_id in either case, 32-bit integers) among payload values of any kind, floats and escapes included."""
+    texts = []
+    for _ in range(draw(st.integers(1, 4))):
+        payload = _values() | st.floats(allow_nan=False, allow_infinity=False)
+        event: dict[str, Any] = draw(st.dictionaries(_PLAIN_KEY, payload, max_size=3))
+        for name in _ENVELOPE_STRINGS:
+            event[name] = draw(_TEXT)
+        if draw(st.booleans()):
+            event["action_key"] = None
+        event["event_id"] = str(draw(st.uuids())).upper() if draw(st.booleans()) else str(draw(st.uuids()))
+        event["seq"] = draw(st.integers(0, 2**31 - 1))
+        event["schema_version"] = draw(st.integers(-(2**31), 2**31 - 1))
+        texts.append(canonical_json(event))
+    return texts
+
+
+def _archive_either_way(texts: list[bytes]) -> tuple[Any, Any]:
+    from projections import rows
+
+    indexes = list(range(len(texts)))
+    where = [0] * len(texts)
+    incoming = [decode.Incoming("events", 0, 7, b"k", b"[]")]
+    built = rows._native_archive(texts, indexes)
+    events = [json.loads(text) for text in texts]
+    python = rows._archive_table(rows._archive_columns(events, texts, indexes), where, incoming)
+    compiled = None if built is None else rows._archive_table({}, where, incoming, built)
+    return python, compiled
+
+
+class TestArchiveColumns:
+    """The compiled module builds the archive's columns of a chunk from its texts; they are the ones built
+    from the events in Python, or it declines."""
+
+    @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(texts=verified_texts())
+    def test_the_same_table(self, native: ModuleType, texts: list[bytes]) -> None:
+        python, compiled = _archive_either_way(texts)
+        assert compiled is not None
+        assert compiled.equals(python)
+        assert compiled.column("event_id").to_pylist() == [json.loads(t)["event_id"].lower() for t in texts]
+
+    @pytest.mark.parametrize(
+        "change",
+        [
+            {"seq": 2**31},
+            {"seq": 1.0},
+            {"user_id": 5},
+            {"run_id": None, "user_id": ["a"]},
+            {"event_id": "É" * 36},
+            {"\n": 1},
+        ],
+    )
+    def test_what_it_does_not_build_it_declines(self, native: ModuleType, change: dict[str, Any]) -> None:
+        event = json.loads(canonical_json(base_run()[0])) | change
+        assert native.archive_buffers([canonical_json(event)]) is None
+        event = json.loads(canonical_json(base_run()[0]))
+        del event["occurred_at"]
+        assert native.archive_buffers([canonical_json(event)]) is None
+
+    def test_a_run_with_escapes_and_a_null_key(self, native: ModuleType) -> None:
+        event = json.loads(canonical_json(base_run()[0])) | {"user_id": 'a"\\\n\x01é', "action_key": None}
+        python, compiled = _archive_either_way([canonical_json(event)])
+        assert compiled is not None and compiled.equals(python)
+        assert compiled.column("user_id").to_pylist() == ['a"\\\n\x01é']
+        assert compiled.column("action_key").null_count == 1
+
+    def test_a_chunk_prepared_either_way(self, native: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+        from projections import rows
+
+        messages = demo_messages()
+        with_it = prepare_all(messages)
+        monkeypatch.setattr(rows, "_NATIVE_ARCHIVE", None)
+        without_it = prepare_all(messages)
+        assert with_it.items == without_it.items
+        for name, table in with_it.tables.items():
+            assert table.equals(without_it.tables[name]), name
+        assert with_it.tables["archive"].num_rows > 1000
