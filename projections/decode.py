@@ -39,7 +39,7 @@ import math
 import os
 import re
 import types
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Final, Literal, Union, get_args, get_origin
 
@@ -123,11 +123,11 @@ def _plain(annotation: Any) -> Any:
     return origin[tuple(_plain(arg) for arg in args)]
 
 
-def _shape(model: type[BaseModel]) -> type[msgspec.Struct]:
+def _shape(model: type[BaseModel], fast_only: Mapping[str, Any] = _FAST_ONLY) -> type[msgspec.Struct]:
     """A msgspec struct that accepts exactly the JSON objects `model` accepts in strict mode: same fields,
     types and constraints, extra keys forbidden, a field with a default optional -- and `UNSET` when it was
     left out, so that it is left out of the dict again (`_as_dicts`) and of the encoding (`_CANONICAL`) --
-    but an event's `_FAST_ONLY` fields, which it holds to more (checked in C rather than one by one).
+    but an event's `fast_only` fields, which it holds to more (`_FAST_ONLY`: what the fast path can judge).
 
     msgspec decodes and validates a message in one pass, in C, in less than half the time pydantic's strict
     validation into dicts took on the bench workload (1.4 against 3.6 us an event, in process). Made from
@@ -147,8 +147,8 @@ def _shape(model: type[BaseModel]) -> type[msgspec.Struct]:
             if not isinstance(constraint, annotated_types.Ge):
                 raise TypeError(f"{model.__name__}.{name}: no msgspec form for the constraint {constraint!r}")
             bounds["ge"] = constraint.ge
-        if event_type is not None and name in _FAST_ONLY:
-            annotation = _FAST_ONLY[name]  # within the model's type and bounds
+        if event_type is not None and name in fast_only:
+            annotation = fast_only[name]  # within the model's type and bounds
         elif bounds:
             annotation = Annotated[annotation, msgspec.Meta(**bounds)]
         if info.is_required():
@@ -173,6 +173,13 @@ def _typed_float(annotation: Any) -> bool:
 
 _EVENT_MODELS: Final = get_args(get_args(PreflightEvent)[0])
 _EVENT_SHAPES: Final = {model: _shape(model) for model in _EVENT_MODELS}
+#: The shapes without the two patterns of `_FAST_ONLY` (msgspec calls Python's `re` for each: about half of
+#: its decode time), for a message the compiled check (`_NATIVE`) is asked about: it vouches only for events
+#: whose event_id spells a UUID and whose hash is a lower-case hex digest, so what these shapes accept and it
+#: vouches for, the strict shapes accept (a property test holds this).
+_RELAXED_SHAPES: Final = {
+    model: _shape(model, {"schema_version": _FAST_ONLY["schema_version"]}) for model in _EVENT_MODELS
+}
 
 
 def _no_float(literal: str) -> Any:
@@ -187,6 +194,11 @@ def _no_float(literal: str) -> Any:
 #: float anywhere in it fails the decode (`_no_float`).
 _MESSAGE: Final = msgspec.json.Decoder(
     list[Union[tuple(_EVENT_SHAPES.values())]],  # type: ignore[misc]  # noqa: UP007
+    float_hook=_no_float,
+)
+#: A message, decoded by `_RELAXED_SHAPES` (for the compiled check).
+_RELAXED: Final = msgspec.json.Decoder(
+    list[Union[tuple(_RELAXED_SHAPES.values())]],  # type: ignore[misc]  # noqa: UP007
     float_hook=_no_float,
 )
 
@@ -204,7 +216,9 @@ def _mended_fields(model: type[BaseModel]) -> tuple[tuple[str, bool], ...]:
 
 #: Per event shape: its event_type, and the fields `_as_dicts` mends.
 _MENDS: Final = {
-    shape: (model.model_fields["event_type"].default, _mended_fields(model)) for model, shape in _EVENT_SHAPES.items()
+    shape: (model.model_fields["event_type"].default, _mended_fields(model))
+    for shapes in (_EVENT_SHAPES, _RELAXED_SHAPES)
+    for model, shape in shapes.items()
 }
 
 
@@ -213,10 +227,10 @@ _MENDS: Final = {
 _CANONICAL: Final = msgspec.json.Encoder(order="sorted")
 
 
-def _decoded(value: bytes) -> list[msgspec.Struct] | None:
+def _decoded(value: bytes, decoder: msgspec.json.Decoder[Any] = _MESSAGE) -> list[msgspec.Struct] | None:
     """A message's events if every one of them validates strictly against its event model (`_shape`)."""
     try:
-        events: list[msgspec.Struct] = _MESSAGE.decode(value)
+        events: list[msgspec.Struct] = decoder.decode(value)
     except msgspec.DecodeError:  # a ValidationError too
         return None
     return events
@@ -376,17 +390,22 @@ def _fast_path(value: bytes) -> tuple[list[EventJson], list[bytes]] | None:
     the JSON object it was read from (`_shape`: a field left out stays out, e.g. an unsigned decision's
     `signature`), so its sorted encoding is the canonical form, and its plain dict that object.
     """
+    if _NATIVE is not None:
+        relaxed = _decoded(value, _RELAXED)
+        if not relaxed:  # what the relaxed shapes refuse, the strict ones refuse too
+            return None
+        # Each event's own text, if the producer wrote it in canonical form, with a UUID event_id and a
+        # matching hash; it vouches for no value nested deeper than `_FAST_PATH_DEPTH` (a unit test holds
+        # its limit below). Else the message is judged as without it (decoded again, strictly).
+        native = _NATIVE(value)
+        if native is not None and len(native) == len(relaxed):
+            return _as_dicts(relaxed), native
     shaped = _decoded(value)  # no float in it (`_no_float`)
     if not shaped:
         return None
     events = _as_dicts(shaped)
     if value.count(b"[") + value.count(b"{") > _FAST_PATH_DEPTH and _too_deep(events):
         return None
-    if _NATIVE is not None:
-        # Each event's own text, if the producer wrote it in canonical form and its hash matches.
-        native = _NATIVE(value)
-        if native is not None and len(native) == len(events):
-            return events, native
     texts: list[bytes] = []
     for event, struct in zip(events, shaped, strict=True):
         claimed = event["hash"]  # a lower-case hex digest (`_FAST_ONLY`): ASCII

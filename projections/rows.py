@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
@@ -39,7 +39,7 @@ import pyarrow.compute as pc
 from preflight.events import (
     canonical_json,
 )
-from projections.decode import NATIVE, EventJson, Incoming, Rejected, VerifiedRun, VerifiedTail, decode_incoming
+from projections.decode import EventJson, Incoming, Rejected, VerifiedRun, VerifiedTail, decode_incoming
 
 if TYPE_CHECKING:  # projections.signatures builds on this module
     from projections.signatures import DecisionTrust
@@ -451,49 +451,15 @@ def _archive_columns(events: list[EventJson], texts: list[bytes], indexes: list[
     }
 
 
-#: The compiled module's builder of the archive's columns (`native/`), or None: they are built here.
-_NATIVE_ARCHIVE: Final[Callable[[list[bytes]], Any] | None] = getattr(NATIVE, "archive_buffers", None)
-
-
-def _native_archive(texts: list[bytes], indexes: list[int]) -> dict[str, pa.Array] | None:
-    """The `archive` columns of verified events read from their canonical texts by the compiled module
-    (its Arrow buffers, taken as they are); None where it declines (see `archive_buffers`) or is absent.
-    It reads the same members `_archive_columns` does, and a test holds the two to the same table."""
-    if _NATIVE_ARCHIVE is None or not texts:
-        return None
-    built = _NATIVE_ARCHIVE(texts)
-    if built is None:
-        return None
-    strings, integers, events = built
-    rows = len(texts)
-    arrays = {name: _string_array(rows, buffers) for name, buffers in zip(NATIVE.STRING_FIELDS, strings, strict=True)}
-    for name, values in zip(NATIVE.INTEGER_FIELDS, integers, strict=True):
-        arrays[name] = pa.Array.from_buffers(_I, rows, [None, pa.py_buffer(values)])
-    arrays["event"] = pa.ExtensionArray.from_storage(_J, _string_array(rows, events))
-    arrays["message_index"] = pa.array(indexes, type=_I)
-    return arrays
-
-
-def _string_array(rows: int, buffers: tuple[bytes | None, bytes, bytes]) -> pa.Array:
-    validity, offsets, data = buffers
-    bits = None if validity is None else pa.py_buffer(validity)
-    return pa.Array.from_buffers(_S, rows, [bits, pa.py_buffer(offsets), pa.py_buffer(data)])
-
-
-def _archive_table(
-    columns: Columns, where: list[int], incoming: Sequence[Incoming], built: dict[str, pa.Array] | None = None
-) -> pa.Table:
+def _archive_table(columns: Columns, where: list[int], incoming: Sequence[Incoming]) -> pa.Table:
     """One `archive` row per verified event: envelope columns, canonical JSON, and where it was read
-    (`where`: the position of each one's message in `incoming`). `built`: every column but where it was
-    read (`_native_archive`), else they come from `columns`."""
+    (`where`: the position of each one's message in `incoming`)."""
     messages = pa.array(where, type=pa.int32())
-    if built is None:
-        built = {"event_id": pc.utf8_lower(pa.array(columns.get("event_id", []), type=_S))}
     return _table_of(
         ARCHIVE,
         columns,
         len(where),
-        **built,
+        event_id=pc.utf8_lower(pa.array(columns.get("event_id", []), type=_S)),
         topic=pa.array([m.topic for m in incoming], type=_S).take(messages),
         partition=pa.array([m.partition for m in incoming], type=_I).take(messages),
         offset=pa.array([m.offset for m in incoming], type=_L).take(messages),
@@ -794,10 +760,6 @@ def prepare_all(incoming: Sequence[Incoming]) -> PreparedChunk:
     fields: Columns = {}
     checklist: Columns = {}
     where: list[int] = []  # the position of each archive row's message in `incoming`
-    # With the compiled module, the archive's columns are built once for the chunk, from these.
-    archived_events: list[EventJson] = []
-    archived_texts: list[bytes] = []
-    archived_indexes: list[int] = []
     gates: list[tuple[Any, ...]] = []
     executions: list[tuple[Any, ...]] = []
     items: list[Prepared | None] = []
@@ -862,23 +824,15 @@ def prepare_all(incoming: Sequence[Incoming]) -> PreparedChunk:
                     execution_row=len(executions) - 1,
                 )
             )
-        if _NATIVE_ARCHIVE is None:
-            _extend(archive, _archive_columns(events, texts, indexes))
-        else:
-            archived_events += events
-            archived_texts += texts
-            archived_indexes += indexes
+        _extend(archive, _archive_columns(events, texts, indexes))
         run_columns, states = _run_columns(parts)
         _extend(runs, run_columns)
         _extend(fields, _field_columns(parts))
         _extend(checklist, _checklist_columns(parts))
         for (index, position, rows), run, state in zip(made, parts.runs, states, strict=True):
             items[index] = PreparedRun(position, run.run_id, state.close_hash, state, *rows)
-    built = _native_archive(archived_texts, archived_indexes)
-    if built is None and archived_texts:  # the compiled module declined: built here
-        archive = _archive_columns(archived_events, archived_texts, archived_indexes)
     tables = {
-        ARCHIVE.name: _archive_table(archive, where, incoming, built),
+        ARCHIVE.name: _archive_table(archive, where, incoming),
         RUNS.name: _table_of(RUNS, runs, len(runs.get("run_id", ()))),
         FIELDS.name: _table_of(FIELDS, fields, len(fields.get("run_id", ()))),
         CHECKLIST.name: _table_of(CHECKLIST, checklist, len(checklist.get("run_id", ()))),

@@ -4,10 +4,11 @@
 //! form its chain hash is computed over (`preflight.events.canonical_json`: keys sorted by code point,
 //! no whitespace, UTF-8 unescaped, only the escapes Python's `json.dumps` writes). `canonical_texts`
 //! answers, for the raw message bytes, the text of each event when every one of them is already in
-//! that form and its `hash` is the SHA-256 of its `prev_hash`, a newline and its text without the
-//! `hash` member. Anything it cannot vouch for -- a float, a key with an escape, an integer of more
-//! than 18 digits, nesting deeper than `MAX_DEPTH`, whitespace or a key out of order inside an event, a
-//! hash that does not match -- is answered `None`, and the caller judges the message in Python, which
+//! that form, its `event_id` spells a UUID and its `hash` (64 lower-case hex digits) is the SHA-256 of
+//! its `prev_hash`, a newline and its text without the `hash` member. Anything it cannot vouch for -- a
+//! float, a key with an escape, an integer of more than 18 digits, nesting deeper than `MAX_DEPTH`,
+//! whitespace or a key out of order inside an event, an event_id of another form, a hash that does not
+//! match -- is answered `None`, and the caller judges the message in Python, which
 //! names the defect. So the answer is either exactly what the Python check would conclude or no answer.
 //!
 //! It does not validate events against their models: the caller has done that before asking.
@@ -62,6 +63,8 @@ struct Event {
     hash_value: Option<(usize, usize)>,
     /// `[start, end)` of `prev_hash`'s string, inside its quotes (no escape in it).
     prev_hash: Option<(usize, usize)>,
+    /// Whether its `event_id` is a string spelling a UUID.
+    uuid: bool,
 }
 
 fn hash_matches(message: &[u8], start: usize, event: &Event) -> bool {
@@ -95,6 +98,18 @@ fn hash_matches(message: &[u8], start: usize, event: &Event) -> bool {
     hex_equals(&digest, claimed)
 }
 
+/// Whether `json` is a JSON string spelling a UUID as `projections.decode` accepts one: 8-4-4-4-12 hex
+/// digits of either case.
+fn is_uuid(json: &[u8]) -> bool {
+    json.len() == 38
+        && json[0] == b'"'
+        && json[37] == b'"'
+        && json[1..37].iter().enumerate().all(|(at, c)| match at {
+            8 | 13 | 18 | 23 => *c == b'-',
+            _ => c.is_ascii_hexdigit(),
+        })
+}
+
 fn hex_equals(digest: &[u8], hex: &[u8]) -> bool {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
     digest.iter().zip(hex.chunks_exact(2)).all(|(byte, pair)| {
@@ -116,9 +131,10 @@ fn top_level_object(b: &[u8], at: usize) -> Option<Event> {
         hash_member: None,
         hash_value: None,
         prev_hash: None,
+        uuid: false,
     };
     event.end = object(b, at, 1, Some(&mut event))?;
-    Some(event)
+    event.uuid.then_some(event)
 }
 
 /// A canonical value starting at `at`; where it ends.
@@ -171,6 +187,8 @@ fn object(b: &[u8], at: usize, depth: usize, mut event: Option<&mut Event>) -> O
                     return None;
                 }
                 event.prev_hash = Some((start + 1, end - 1));
+            } else if key == b"event_id" {
+                event.uuid = is_uuid(&b[start..end]);
             }
         }
         match b.get(end)? {
@@ -293,264 +311,6 @@ fn integer(b: &[u8], at: usize) -> Option<usize> {
     }
 }
 
-// ---- the archive's envelope columns ----------------------------------------------------------------------
-
-/// The archive's string columns read from an event's top level, in this order (`projections.rows.ARCHIVE`).
-pub const STRING_FIELDS: [&str; 9] = [
-    "event_id",
-    "run_id",
-    "event_type",
-    "action_key",
-    "user_id",
-    "agent_id",
-    "occurred_at",
-    "hash",
-    "prev_hash",
-];
-/// Its 32-bit integer columns.
-pub const INTEGER_FIELDS: [&str; 2] = ["seq", "schema_version"];
-
-/// An Arrow string column under construction: validity bits, 32-bit offsets, UTF-8 data.
-#[derive(Default)]
-pub struct StringColumn {
-    pub validity: Vec<u8>,
-    pub offsets: Vec<u8>,
-    pub data: Vec<u8>,
-    pub nulls: usize,
-}
-
-impl StringColumn {
-    fn push(&mut self, row: usize, value: Option<&[u8]>) -> Option<()> {
-        if row == 0 {
-            self.offsets.extend_from_slice(&0i32.to_le_bytes());
-        }
-        if row.is_multiple_of(8) {
-            self.validity.push(0);
-        }
-        match value {
-            Some(text) => {
-                self.data.extend_from_slice(text);
-                *self.validity.last_mut()? |= 1 << (row % 8);
-            }
-            None => self.nulls += 1,
-        }
-        let end = i32::try_from(self.data.len()).ok()?;
-        self.offsets.extend_from_slice(&end.to_le_bytes());
-        Some(())
-    }
-}
-
-/// The archive's columns of a chunk of verified events (canonical JSON texts): `STRING_FIELDS` as string
-/// columns (`event_id` lower-cased), `INTEGER_FIELDS` as little-endian int32 values, and the texts
-/// themselves as one more string column. `None` if an event lacks one of these members, holds another
-/// kind of value in it (a string field may be null), an integer beyond 32 bits, an escape other than
-/// `json.dumps` writes, or a non-ASCII `event_id`: the caller builds the columns itself.
-pub fn archive_columns(texts: &[&[u8]]) -> Option<(Vec<StringColumn>, Vec<Vec<u8>>, StringColumn)> {
-    let mut strings: Vec<StringColumn> = STRING_FIELDS
-        .iter()
-        .map(|_| StringColumn::default())
-        .collect();
-    let mut integers: Vec<Vec<u8>> = INTEGER_FIELDS
-        .iter()
-        .map(|_| Vec::with_capacity(texts.len() * 4))
-        .collect();
-    let mut events = StringColumn::default();
-    let mut unescaped = Vec::new();
-    for (row, text) in texts.iter().enumerate() {
-        std::str::from_utf8(text).ok()?;
-        let mut found_strings: [Option<Option<(usize, usize)>>; 9] = [None; 9];
-        let mut found_integers: [Option<i32>; 2] = [None; 2];
-        for_each_member(text, |key, start, end| {
-            if let Some(index) = string_field(key) {
-                found_strings[index] = Some(match text[start] {
-                    b'"' => Some((start, end)),
-                    b'n' => None,
-                    _ => return false,
-                });
-            } else if let Some(index) = integer_field(key) {
-                let Some(number) = std::str::from_utf8(&text[start..end])
-                    .ok()
-                    .and_then(|n| n.parse::<i32>().ok())
-                else {
-                    return false;
-                };
-                found_integers[index] = Some(number);
-            }
-            true
-        })?;
-        for (index, found) in found_strings.iter().enumerate() {
-            let value = match (*found)? {
-                None => None,
-                Some((start, end)) => {
-                    unescaped.clear();
-                    unescape(&text[start + 1..end - 1], &mut unescaped)?;
-                    if index == 0 {
-                        if !unescaped.is_ascii() {
-                            return None;
-                        }
-                        unescaped.make_ascii_lowercase();
-                    }
-                    Some(unescaped.as_slice())
-                }
-            };
-            strings[index].push(row, value)?;
-        }
-        for (index, found) in found_integers.iter().enumerate() {
-            integers[index].extend_from_slice(&(*found)?.to_le_bytes());
-        }
-        events.push(row, Some(text))?;
-    }
-    Some((strings, integers, events))
-}
-
-/// The position of `key` in `STRING_FIELDS` (a test holds the two to the same order).
-fn string_field(key: &[u8]) -> Option<usize> {
-    Some(match key {
-        b"event_id" => 0,
-        b"run_id" => 1,
-        b"event_type" => 2,
-        b"action_key" => 3,
-        b"user_id" => 4,
-        b"agent_id" => 5,
-        b"occurred_at" => 6,
-        b"hash" => 7,
-        b"prev_hash" => 8,
-        _ => return None,
-    })
-}
-
-/// The position of `key` in `INTEGER_FIELDS`.
-fn integer_field(key: &[u8]) -> Option<usize> {
-    Some(match key {
-        b"seq" => 0,
-        b"schema_version" => 1,
-        _ => return None,
-    })
-}
-
-/// Calls `visit(key, value_start, value_end)` for each member of the JSON object `text` (keys without
-/// escapes; any JSON value, skipped leniently: `text` is already known to be JSON). `None` if `visit`
-/// refuses a member or the text is not such an object.
-fn for_each_member(text: &[u8], mut visit: impl FnMut(&[u8], usize, usize) -> bool) -> Option<()> {
-    if text.first()? != &b'{' {
-        return None;
-    }
-    let mut at = 1;
-    if text.get(at)? == &b'}' {
-        return (at + 1 == text.len()).then_some(());
-    }
-    loop {
-        let (key_end, escaped) = lenient_string(text, at)?;
-        if escaped || text.get(key_end)? != &b':' {
-            return None;
-        }
-        let start = key_end + 1;
-        let end = skip_value(text, start)?;
-        if !visit(&text[at + 1..key_end - 1], start, end) {
-            return None;
-        }
-        match text.get(end)? {
-            b',' => at = end + 1,
-            b'}' => return (end + 1 == text.len()).then_some(()),
-            _ => return None,
-        }
-    }
-}
-
-/// Where the JSON value at `at` ends, in text without whitespace (any number, any escape).
-fn skip_value(b: &[u8], at: usize) -> Option<usize> {
-    match b.get(at)? {
-        b'"' => lenient_string(b, at).map(|(end, _)| end),
-        b'{' | b'[' => {
-            let mut depth = 0usize;
-            let mut at = at;
-            loop {
-                match b.get(at)? {
-                    b'"' => at = lenient_string(b, at)?.0,
-                    b'{' | b'[' => {
-                        depth += 1;
-                        at += 1;
-                    }
-                    b'}' | b']' => {
-                        depth -= 1;
-                        at += 1;
-                        if depth == 0 {
-                            return Some(at);
-                        }
-                    }
-                    _ => at += 1,
-                }
-            }
-        }
-        _ => {
-            let mut end = at;
-            while let Some(c) = b.get(end) {
-                if matches!(c, b',' | b'}' | b']') {
-                    break;
-                }
-                end += 1;
-            }
-            Some(end)
-        }
-    }
-}
-
-/// Where the string at `at` ends, and whether it holds an escape (any escape).
-fn lenient_string(b: &[u8], at: usize) -> Option<(usize, bool)> {
-    if b.get(at)? != &b'"' {
-        return None;
-    }
-    let mut at = at + 1;
-    let mut escaped = false;
-    loop {
-        at = plain_run(b, at);
-        match *b.get(at)? {
-            b'"' => return Some((at + 1, escaped)),
-            b'\\' => {
-                escaped = true;
-                at += 2;
-            }
-            _ => at += 1,
-        }
-    }
-}
-
-/// A JSON string's content with the escapes `json.dumps` writes resolved; `None` for any other escape.
-fn unescape(raw: &[u8], out: &mut Vec<u8>) -> Option<()> {
-    let mut at = 0;
-    while at < raw.len() {
-        let next = raw[at..]
-            .iter()
-            .position(|&c| c == b'\\')
-            .map_or(raw.len(), |p| at + p);
-        out.extend_from_slice(&raw[at..next]);
-        if next == raw.len() {
-            break;
-        }
-        let (byte, width) = match *raw.get(next + 1)? {
-            b'"' => (b'"', 2),
-            b'\\' => (b'\\', 2),
-            b'b' => (0x08, 2),
-            b'f' => (0x0c, 2),
-            b'n' => (b'\n', 2),
-            b'r' => (b'\r', 2),
-            b't' => (b'\t', 2),
-            b'u' => {
-                let code = std::str::from_utf8(raw.get(next + 2..next + 6)?).ok()?;
-                let value = u8::from_str_radix(code, 16).ok()?; // beyond 0xff: not a control character
-                if value >= 0x20 {
-                    return None;
-                }
-                (value, 6)
-            }
-            _ => return None,
-        };
-        out.push(byte);
-        at = next + width;
-    }
-    Some(())
-}
-
 /// The text of each event in `message` (a JSON array, as bytes) if every one is already in canonical
 /// form and its chain hash matches; else None (see the module doc).
 #[pyfunction]
@@ -564,51 +324,9 @@ fn canonical_texts<'py>(py: Python<'py>, message: &[u8]) -> PyResult<Option<Boun
     Ok(Some(PyList::new(py, texts)?))
 }
 
-type Buffers<'py> = (
-    Option<Bound<'py, PyBytes>>,
-    Bound<'py, PyBytes>,
-    Bound<'py, PyBytes>,
-);
-
-fn string_buffers<'py>(py: Python<'py>, column: &StringColumn) -> Buffers<'py> {
-    let validity = (column.nulls > 0).then(|| PyBytes::new(py, &column.validity));
-    (
-        validity,
-        PyBytes::new(py, &column.offsets),
-        PyBytes::new(py, &column.data),
-    )
-}
-
-/// The archive's columns of verified events as Arrow buffers (see `archive_columns`): a list of
-/// (validity or None, offsets, data) per string field, a list of int32 values per integer field, and the
-/// texts' (validity, offsets, data); or None, and the caller builds them itself.
-#[pyfunction]
-#[allow(clippy::type_complexity)]
-fn archive_buffers<'py>(
-    py: Python<'py>,
-    texts: Vec<Bound<'py, PyBytes>>,
-) -> PyResult<Option<(Vec<Buffers<'py>>, Vec<Bound<'py, PyBytes>>, Buffers<'py>)>> {
-    let slices: Vec<&[u8]> = texts.iter().map(|text| text.as_bytes()).collect();
-    let Some((strings, integers, events)) = archive_columns(&slices) else {
-        return Ok(None);
-    };
-    let strings = strings
-        .iter()
-        .map(|column| string_buffers(py, column))
-        .collect();
-    let integers = integers
-        .iter()
-        .map(|values| PyBytes::new(py, values))
-        .collect();
-    Ok(Some((strings, integers, string_buffers(py, &events))))
-}
-
 #[pymodule]
 fn preflight_audit_native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(canonical_texts, module)?)?;
-    module.add_function(wrap_pyfunction!(archive_buffers, module)?)?;
-    module.add("STRING_FIELDS", STRING_FIELDS.to_vec())?;
-    module.add("INTEGER_FIELDS", INTEGER_FIELDS.to_vec())?;
     module.add("MAX_DEPTH", MAX_DEPTH)?;
     Ok(())
 }
@@ -629,7 +347,7 @@ mod tests {
     fn a_canonical_chain_is_vouched_for() {
         let first = sealed(
             "",
-            r#"{"a":1,"event_id":"x","prev_hash":"","z":[true,null,{"k":"é\n"}]}"#,
+            r#"{"a":1,"event_id":"6f9619ff-8b86-d011-b42d-00C04fc964ff","prev_hash":"","z":[true,null,{"k":"é\n"}]}"#,
         );
         let message = format!("[{first}]");
         assert_eq!(
@@ -639,20 +357,11 @@ mod tests {
     }
 
     #[test]
-    fn the_fields_are_found_in_their_order() {
-        for (index, name) in STRING_FIELDS.iter().enumerate() {
-            assert_eq!(string_field(name.as_bytes()), Some(index));
-        }
-        for (index, name) in INTEGER_FIELDS.iter().enumerate() {
-            assert_eq!(integer_field(name.as_bytes()), Some(index));
-        }
-        assert_eq!(string_field(b"seq"), None);
-        assert_eq!(integer_field(b"hash"), None);
-    }
-
-    #[test]
     fn anything_else_is_left_to_the_caller() {
-        let good = sealed("", r#"{"a":1,"event_id":"x","prev_hash":""}"#);
+        let good = sealed(
+            "",
+            r#"{"a":1,"event_id":"6f9619ff-8b86-d011-b42d-00C04fc964ff","prev_hash":""}"#,
+        );
         for bad in [
             good.replace("\"a\":1", "\"a\":1.0"),
             good.replace("\"a\":1", "\"a\": 1"),
@@ -670,6 +379,23 @@ mod tests {
                 "{bad}"
             );
         }
+        for id in [
+            "x",
+            "6f9619ff-8b86-d011-b42d-00c04fc964f",
+            "6f9619ff-8b86-d011-b42d_00c04fc964ff",
+        ] {
+            let other = sealed(
+                "",
+                &format!(r#"{{"a":1,"event_id":"{id}","prev_hash":""}}"#),
+            );
+            assert_eq!(
+                canonical_spans(format!("[{other}]").as_bytes()),
+                None,
+                "{id}"
+            );
+        }
+        let unnamed = sealed("", r#"{"a":1,"prev_hash":""}"#);
+        assert_eq!(canonical_spans(format!("[{unnamed}]").as_bytes()), None);
         assert!(canonical_spans(format!("[{good}]").as_bytes()).is_some());
         assert!(canonical_spans(format!(" [ {good} , {good} ] ").as_bytes()).is_some());
         assert_eq!(canonical_spans(b"[]"), None);

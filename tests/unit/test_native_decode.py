@@ -20,14 +20,19 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from preflight.events import canonical_json, content_hash
 from projections import decode
 from projections.decode import _fast_path
-from projections.rows import prepare_all
-from tests.unit.test_projection_rows import base_run, demo_messages, every_kind_of_event, rechained
+from tests.unit.test_projection_rows import (
+    _narrowed,
+    altered_events,
+    base_run,
+    every_kind_of_event,
+    rechained,
+)
 
 _MAX_DIGITS = 18
 
@@ -72,16 +77,22 @@ def _deep(depth: int) -> Any:
     return value
 
 
+_ID = "6F9619FF-8B86-D011-B42D-00C04FC964FF"
+
+
 def _seal(body: dict[str, Any]) -> dict[str, Any]:
     return body | {"hash": content_hash(body["prev_hash"], body)}
 
 
 @st.composite
 def sealed_events(draw: st.DrawFn) -> dict[str, Any]:
-    """An event-like object (any keys and JSON values but floats) with a `prev_hash`, sealed with its hash."""
+    """An event-like object (any keys and JSON values but floats) with a `prev_hash` and a UUID `event_id`,
+    sealed with its hash."""
     body: dict[str, Any] = draw(st.dictionaries(_TEXT, _values(), max_size=6))
     body.pop("hash", None)
     body["prev_hash"] = draw(st.one_of(st.just("0" * 64), _TEXT))
+    event_id = str(draw(st.uuids()))
+    body["event_id"] = event_id.upper() if draw(st.booleans()) else event_id
     return _seal(body)
 
 
@@ -100,9 +111,16 @@ def _vouchable(value: Any, depth: int = 1) -> bool:
     return not escaped and all(_vouchable(item, depth + 1) for item in value.values())
 
 
+_EVENT_ID = b"6f9619ff-8b86-d011-b42d-00c04fc964ff"
+
+
 def _sealed_as_is(body: bytes, prev: bytes) -> bytes:
-    """`body` (JSON bytes whose top-level "prev_hash" follows another member) with the hash of its bytes as
-    they are over `prev` inserted before that member: an event whose hash matches whatever its form."""
+    """`body` (JSON bytes whose top-level "prev_hash" follows another member; an "event_id" is added before
+    it unless it has one) with the hash of its bytes as they are over `prev` inserted before "prev_hash":
+    an event whose hash matches whatever its form."""
+    if b'"event_id"' not in body:
+        at = body.index(b',"prev_hash"')
+        body = body[:at] + b',"event_id":"' + _EVENT_ID + b'"' + body[at:]
     digest = hashlib.sha256(prev + b"\n" + body).hexdigest().encode()
     at = body.index(b',"prev_hash"')
     return body[:at] + b',"hash":"' + digest + b'"' + body[at:]
@@ -117,8 +135,9 @@ class TestCompleteness:
 
     @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
     @given(events=st.lists(sealed_events(), min_size=1, max_size=3))
-    @example(events=[_seal({"prev_hash": "", "v": 10**18 - 1}), _seal({"prev_hash": "", "v": -(10**18) + 1})])
-    @example(events=[_seal({"prev_hash": ""})])  # the hash is the first member: the body is the rest
+    @example(events=[_seal({"event_id": _ID, "prev_hash": "", "v": 10**18 - 1})])
+    @example(events=[_seal({"event_id": _ID, "prev_hash": "", "v": -(10**18) + 1})])
+    @example(events=[_seal({"event_id": _ID, "prev_hash": "", "v": 10**18})])
     def test_canonical_events_are_vouched_for(self, native: ModuleType, events: list[dict[str, Any]]) -> None:
         texts = [canonical_json(event) for event in events]
         answer = native.canonical_texts(b"[" + b",".join(texts) + b"]")
@@ -134,9 +153,15 @@ class TestCompleteness:
         run = base_run()
         assert native.canonical_texts(canonical_json(run)) == [canonical_json(e) for e in run]
 
+    def test_it_vouches_for_nothing_the_fast_path_would_find_too_deep(self, native: ModuleType) -> None:
+        # An event is its level 1, so a value in it nests at most MAX_DEPTH - 1 levels deep.
+        assert native.MAX_DEPTH - 1 <= decode._FAST_PATH_DEPTH
+
     @pytest.mark.parametrize("depth", [62, 63, 64, 65])
     def test_nesting_is_vouched_for_to_its_limit(self, native: ModuleType, depth: int) -> None:
-        event = _seal({"prev_hash": "", "v": _deep(depth)})  # the event is level 1, its value's below
+        event = _seal(
+            {"event_id": _EVENT_ID.decode(), "prev_hash": "", "v": _deep(depth)}
+        )  # the event is level 1, its value's below
         answer = native.canonical_texts(b"[" + canonical_json(event) + b"]")
         assert (answer is not None) == (depth + 1 <= native.MAX_DEPTH)
 
@@ -232,6 +257,11 @@ class TestSoundness:
             (b'{"a":1234567890123456789,"prev_hash":""}', b""),
             (b'{"a\\n":1,"prev_hash":""}', b""),
             (b'{"a":1,"prev_hash":"\\u0000"}', b"\x00"),  # canonical, but an escape in prev_hash
+            (b'{"a":1,"event_id":"6f9619ff-8b86-d011-b42d-00c04fc964f","prev_hash":""}', b""),
+            (b'{"a":1,"event_id":"6f9619ff_8b86-d011-b42d-00c04fc964ff","prev_hash":""}', b""),
+            (b'{"a":1,"event_id":"6f9619ff-8b86-d011-b42d-00c04fc964fg","prev_hash":""}', b""),
+            (b'{"a":1,"event_id":"\\u0036f9619f-8b86-d011-b42d-00c04fc964ff","prev_hash":""}', b""),
+            (b'{"a":1,"event_id":null,"prev_hash":""}', b""),
         ],
     )
     def test_what_it_cannot_vouch_for_is_left_to_python(self, native: ModuleType, body: bytes, prev: bytes) -> None:
@@ -272,92 +302,25 @@ def test_the_fast_path_returns_the_same_with_it_and_without_it(
     assert vouched == len(messages) - 1
 
 
-# ---- the archive's columns, built by it and in Python ---------------------------------------------------------
-
-_ENVELOPE_STRINGS = ("run_id", "event_type", "action_key", "user_id", "agent_id", "occurred_at", "hash", "prev_hash")
-
-
-#: A top-level key as the models name them: nothing in it to escape (an escaped one is declined).
-_PLAIN_KEY = st.text(st.characters(exclude_categories=["Cs", "Cc"], exclude_characters='"\\'), max_size=6)
-
-
-@st.composite
-def verified_texts(draw: st.DrawFn) -> list[bytes]:
-    """Canonical texts of event-like objects: the archive's members (strings, a null action_key, a UUID
-    event_id in either case, 32-bit integers) among payload values of any kind, floats and escapes included."""
-    texts = []
-    for _ in range(draw(st.integers(1, 4))):
-        payload = _values() | st.floats(allow_nan=False, allow_infinity=False)
-        event: dict[str, Any] = draw(st.dictionaries(_PLAIN_KEY, payload, max_size=3))
-        for name in _ENVELOPE_STRINGS:
-            event[name] = draw(_TEXT)
-        if draw(st.booleans()):
-            event["action_key"] = None
-        event["event_id"] = str(draw(st.uuids())).upper() if draw(st.booleans()) else str(draw(st.uuids()))
-        event["seq"] = draw(st.integers(0, 2**31 - 1))
-        event["schema_version"] = draw(st.integers(-(2**31), 2**31 - 1))
-        texts.append(canonical_json(event))
-    return texts
-
-
-def _archive_either_way(texts: list[bytes]) -> tuple[Any, Any]:
-    from projections import rows
-
-    indexes = list(range(len(texts)))
-    where = [0] * len(texts)
-    incoming = [decode.Incoming("events", 0, 7, b"k", b"[]")]
-    built = rows._native_archive(texts, indexes)
-    events = [json.loads(text) for text in texts]
-    python = rows._archive_table(rows._archive_columns(events, texts, indexes), where, incoming)
-    compiled = None if built is None else rows._archive_table({}, where, incoming, built)
-    return python, compiled
-
-
-class TestArchiveColumns:
-    """The compiled module builds the archive's columns of a chunk from its texts; they are the ones built
-    from the events in Python, or it declines."""
-
-    @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-    @given(texts=verified_texts())
-    def test_the_same_table(self, native: ModuleType, texts: list[bytes]) -> None:
-        python, compiled = _archive_either_way(texts)
-        assert compiled is not None
-        assert compiled.equals(python)
-        assert compiled.column("event_id").to_pylist() == [json.loads(t)["event_id"].lower() for t in texts]
-
-    @pytest.mark.parametrize(
-        "change",
-        [
-            {"seq": 2**31},
-            {"seq": 1.0},
-            {"user_id": 5},
-            {"run_id": None, "user_id": ["a"]},
-            {"event_id": "É" * 36},
-            {"\n": 1},
-        ],
-    )
-    def test_what_it_does_not_build_it_declines(self, native: ModuleType, change: dict[str, Any]) -> None:
-        event = json.loads(canonical_json(base_run()[0])) | change
-        assert native.archive_buffers([canonical_json(event)]) is None
-        event = json.loads(canonical_json(base_run()[0]))
-        del event["occurred_at"]
-        assert native.archive_buffers([canonical_json(event)]) is None
-
-    def test_a_run_with_escapes_and_a_null_key(self, native: ModuleType) -> None:
-        event = json.loads(canonical_json(base_run()[0])) | {"user_id": 'a"\\\n\x01é', "action_key": None}
-        python, compiled = _archive_either_way([canonical_json(event)])
-        assert compiled is not None and compiled.equals(python)
-        assert compiled.column("user_id").to_pylist() == ['a"\\\n\x01é']
-        assert compiled.column("action_key").null_count == 1
-
-    def test_a_chunk_prepared_either_way(self, native: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
-        from projections import rows
-
-        messages = demo_messages()
-        with_it = prepare_all(messages)
-        monkeypatch.setattr(rows, "_NATIVE_ARCHIVE", None)
-        without_it = prepare_all(messages)
-        assert with_it.items == without_it.items
-        for name, table in with_it.tables.items():
-            assert table.equals(without_it.tables[name]), name
-        assert with_it.tables["archive"].num_rows > 1000
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(pair=altered_events())
+@example(pair=_narrowed("event_id", "not-a-uuid"))
+@example(pair=_narrowed("event_id", "12345678-1234-1234-1234-123456789abc\n"))
+@example(pair=_narrowed("event_id", "12345678-1234-1234-1234-123456789ABC"))
+def test_what_the_relaxed_shapes_accept_and_it_vouches_for_the_strict_shapes_accept(
+    native: ModuleType, pair: tuple[dict[str, Any], dict[str, Any]]
+) -> None:
+    """With the compiled check, a message is decoded without the patterns of `decode._FAST_ONLY` (event_id,
+    hash): the check must vouch only for what they accept."""
+    _, event = pair
+    body = {k: v for k, v in event.items() if k != "hash"}
+    assume(isinstance(body.get("prev_hash"), str))
+    try:  # sealed again, so that only the shapes and the form judge it
+        message = b"[" + canonical_json(body | {"hash": content_hash(body["prev_hash"], body)}) + b"]"
+    except ValueError:  # infinity: no canonical form
+        assume(False)
+    relaxed = decode._decoded(message, decode._RELAXED)
+    if relaxed is not None and native.canonical_texts(message) is not None:
+        strict = decode._decoded(message)
+        assert strict is not None
+        assert decode._as_dicts(strict) == decode._as_dicts(relaxed)
