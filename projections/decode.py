@@ -147,11 +147,12 @@ def _shape(model: type[BaseModel], fast_only: Mapping[str, Any] = _FAST_ONLY) ->
             if not isinstance(constraint, annotated_types.Ge):
                 raise TypeError(f"{model.__name__}.{name}: no msgspec form for the constraint {constraint!r}")
             bounds["ge"] = constraint.ge
-        if event_type is not None and name in fast_only:
+        narrowed = event_type is not None and name in fast_only
+        if narrowed:
             annotation = fast_only[name]  # within the model's type and bounds
         elif bounds:
             annotation = Annotated[annotation, msgspec.Meta(**bounds)]
-        if info.is_required():
+        if info.is_required() or narrowed:  # an event without its schema_version: the reference path judges it
             fields.append((name, annotation))
         else:
             fields.append((name, Union[annotation, msgspec.UnsetType], msgspec.UNSET))  # noqa: UP007

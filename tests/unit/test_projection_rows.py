@@ -240,6 +240,17 @@ class TestDecode:
         rejected = decode_incoming(raw_message(future))
         assert isinstance(rejected, Rejected) and rejected.code == "unsupported_schema_version"
 
+    def test_an_event_without_its_schema_version_is_refused_not_a_crash(self) -> None:
+        """The models give schema_version a default, the projector wants it written: the fast path once took
+        such a run and its archive columns then failed on the missing key."""
+        run = base_run()
+        del run[3]["schema_version"]
+        item = raw_message(canonical_json(rechained(run)))
+        decoded = decode_incoming(item)
+        assert isinstance(decoded, Rejected) and decoded.code == "unsupported_schema_version"
+        chunk = prepare_all([item])
+        assert isinstance(chunk.items[0], Rejected) and chunk.tables["archive"].num_rows == 0
+
     async def test_a_malformed_event_is_refused_strictly(self) -> None:
         events = dumped((await asked()).run_events)
         for broken in ({**events[1], "seq": "1"}, {**events[1], "surprise": True}, {**events[1], "fixed": "c1"}):
