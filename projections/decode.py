@@ -99,8 +99,9 @@ def _native_module() -> Any:
 
 #: The compiled module, or None (see `_native_module`).
 NATIVE: Final = _native_module()
-#: Its check of a message's canonical texts and chain hashes, or None.
-_NATIVE: Final[Callable[[bytes], list[bytes] | None] | None] = getattr(NATIVE, "canonical_texts", None)
+#: Its check of a message's canonical texts and chain hashes (and, given a chunk's `ArchiveColumns`, the
+#: builder of their archive rows), or None.
+_NATIVE: Final[Callable[..., list[bytes] | None] | None] = getattr(NATIVE, "canonical_texts", None)
 
 #: Integers that go to an INTEGER column (a tail's `seq`, a checklist item's index) lie below this.
 _INTEGER_LIMIT: Final = 2**31
@@ -337,15 +338,19 @@ class _Reject(Exception):
         self.run_id = run_id
 
 
-def decode_incoming(incoming: Incoming) -> Decoded:
-    """Judge one message on its own: a verified run, a tail whose hash is intact, or a rejection."""
+def decode_incoming(incoming: Incoming, columns: Any = None) -> Decoded:
+    """Judge one message on its own: a verified run, a tail whose hash is intact, or a rejection.
+
+    `columns`: a chunk's `preflight_audit_native.ArchiveColumns`, to which the compiled check appends the
+    archive rows of a message it vouches for (`projections.rows.prepare_all` takes them back if the
+    message is refused after all)."""
     try:
-        return _decode(incoming)
+        return _decode(incoming, columns)
     except _Reject as rejection:
         return Rejected(incoming, rejection.code, rejection.reason, rejection.run_id)
 
 
-def _decode(incoming: Incoming) -> Decoded:
+def _decode(incoming: Incoming, columns: Any = None) -> Decoded:
     if incoming.value is None:
         raise _Reject("tombstone", "tombstone: the message has no value")
     if incoming.key is None:
@@ -355,7 +360,7 @@ def _decode(incoming: Incoming) -> Decoded:
     except UnicodeDecodeError as exc:
         raise _Reject("undecodable", f"the message key is not UTF-8: {exc}") from exc
 
-    fast = _fast_path(incoming.value)
+    fast = _fast_path(incoming.value, columns)
     if fast is not None:
         events, encoded = fast
     else:
@@ -383,7 +388,7 @@ def _decode(incoming: Incoming) -> Decoded:
     return VerifiedRun(incoming, run_id, tuple(events), tuple(encoded))
 
 
-def _fast_path(value: bytes) -> tuple[list[EventJson], list[bytes]] | None:
+def _fast_path(value: bytes, columns: Any = None) -> tuple[list[EventJson], list[bytes]] | None:
     """The events of a message that validates strictly as a whole and hashes as encoded here, else None.
 
     None sends the message down the reference path, which finds the precise defect (or accepts a
@@ -398,9 +403,12 @@ def _fast_path(value: bytes) -> tuple[list[EventJson], list[bytes]] | None:
         # Each event's own text, if the producer wrote it in canonical form, with a UUID event_id and a
         # matching hash; it vouches for no value nested deeper than `_FAST_PATH_DEPTH` (a unit test holds
         # its limit below). Else the message is judged as without it (decoded again, strictly).
-        native = _NATIVE(value)
+        rows = 0 if columns is None else columns.rows
+        native = _NATIVE(value, columns)
         if native is not None and len(native) == len(relaxed):
             return _as_dicts(relaxed), native
+        if columns is not None:
+            columns.truncate(rows)
     shaped = _decoded(value)  # no float in it (`_no_float`)
     if not shaped:
         return None

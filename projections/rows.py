@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
@@ -39,7 +39,7 @@ import pyarrow.compute as pc
 from preflight.events import (
     canonical_json,
 )
-from projections.decode import EventJson, Incoming, Rejected, VerifiedRun, VerifiedTail, decode_incoming
+from projections.decode import NATIVE, EventJson, Incoming, Rejected, VerifiedRun, VerifiedTail, decode_incoming
 
 if TYPE_CHECKING:  # projections.signatures builds on this module
     from projections.signatures import DecisionTrust
@@ -451,15 +451,55 @@ def _archive_columns(events: list[EventJson], texts: list[bytes], indexes: list[
     }
 
 
-def _archive_table(columns: Columns, where: list[int], incoming: Sequence[Incoming]) -> pa.Table:
+#: The compiled module's builder of a chunk's archive columns (`native/`), or None: they are built here.
+_NATIVE_COLUMNS: Final[Callable[[], Any] | None] = getattr(NATIVE, "ArchiveColumns", None)
+
+
+def _push(columns: Any, events: Sequence[EventJson], texts: Sequence[bytes]) -> None:
+    """The archive rows of events judged without the compiled check, added to its `columns` (in order)."""
+    fields = NATIVE.ARCHIVE_FIELDS
+    for index, (event, text) in enumerate(zip(events, texts, strict=True)):
+        columns.push([event.get(name) for name in fields], text, index)
+
+
+def _built_archive(columns: Any, rows: int) -> dict[str, pa.Array]:
+    """The archive's columns the compiled module built, as Arrow arrays over its buffers (no copy)."""
+    if columns.rows != rows:
+        raise RuntimeError(f"the compiled archive columns hold {columns.rows} rows, the chunk {rows}")
+    strings, integers, texts, indexes = columns.finish()
+    arrays: dict[str, pa.Array] = {}
+    buffers = iter(strings)
+    values = iter(integers)
+    for name in NATIVE.ARCHIVE_FIELDS:
+        if ARCHIVE.schema.field(name).type == _I:
+            arrays[name] = pa.Array.from_buffers(_I, rows, [None, pa.py_buffer(next(values))])
+        else:
+            arrays[name] = _string_array(rows, next(buffers))
+    arrays["event"] = pa.ExtensionArray.from_storage(_J, _string_array(rows, texts))
+    arrays["message_index"] = pa.Array.from_buffers(_I, rows, [None, pa.py_buffer(indexes)])
+    return arrays
+
+
+def _string_array(rows: int, buffers: tuple[bytes | None, bytes, bytes]) -> pa.Array:
+    validity, offsets, data = buffers
+    bits = None if validity is None else pa.py_buffer(validity)
+    return pa.Array.from_buffers(_S, rows, [bits, pa.py_buffer(offsets), pa.py_buffer(data)])
+
+
+def _archive_table(
+    columns: Columns, where: list[int], incoming: Sequence[Incoming], built: dict[str, pa.Array] | None = None
+) -> pa.Table:
     """One `archive` row per verified event: envelope columns, canonical JSON, and where it was read
-    (`where`: the position of each one's message in `incoming`)."""
+    (`where`: the position of each one's message in `incoming`). `built`: every column but where it was
+    read, built by the compiled module (`_built_archive`); else they come from `columns`."""
     messages = pa.array(where, type=pa.int32())
+    if built is None:
+        built = {"event_id": pc.utf8_lower(pa.array(columns.get("event_id", []), type=_S))}
     return _table_of(
         ARCHIVE,
         columns,
         len(where),
-        event_id=pc.utf8_lower(pa.array(columns.get("event_id", []), type=_S)),
+        **built,
         topic=pa.array([m.topic for m in incoming], type=_S).take(messages),
         partition=pa.array([m.partition for m in incoming], type=_I).take(messages),
         offset=pa.array([m.offset for m in incoming], type=_L).take(messages),
@@ -760,6 +800,8 @@ def prepare_all(incoming: Sequence[Incoming]) -> PreparedChunk:
     fields: Columns = {}
     checklist: Columns = {}
     where: list[int] = []  # the position of each archive row's message in `incoming`
+    # With the compiled module, the archive's columns are built as the messages are checked (`_built_archive`).
+    native = _NATIVE_COLUMNS() if _NATIVE_COLUMNS is not None else None
     gates: list[tuple[Any, ...]] = []
     executions: list[tuple[Any, ...]] = []
     items: list[Prepared | None] = []
@@ -773,10 +815,18 @@ def prepare_all(incoming: Sequence[Incoming]) -> PreparedChunk:
         parts = _RunParts()
         made: list[tuple[int, int, tuple[Any, ...]]] = []  # a run's item, message, and rows
         for position in range(start, min(start + _SLICE, len(incoming))):
-            decoded = decode_incoming(incoming[position])
+            rows = 0 if native is None else native.rows
+            decoded = decode_incoming(incoming[position], native)
             if isinstance(decoded, Rejected):
+                if native is not None:
+                    native.truncate(rows)  # its rows, if the compiled check had vouched for it
                 items.append(decoded)
                 continue
+            if native is not None and native.rows == rows:  # judged without the compiled check
+                if isinstance(decoded, VerifiedRun):
+                    _push(native, decoded.events, decoded.encoded)
+                else:
+                    _push(native, [decoded.event], [decoded.encoded])
             first = archived + len(events)
             if isinstance(decoded, VerifiedRun):
                 count = len(decoded.events)
@@ -824,15 +874,17 @@ def prepare_all(incoming: Sequence[Incoming]) -> PreparedChunk:
                     execution_row=len(executions) - 1,
                 )
             )
-        _extend(archive, _archive_columns(events, texts, indexes))
+        if native is None:
+            _extend(archive, _archive_columns(events, texts, indexes))
         run_columns, states = _run_columns(parts)
         _extend(runs, run_columns)
         _extend(fields, _field_columns(parts))
         _extend(checklist, _checklist_columns(parts))
         for (index, position, rows), run, state in zip(made, parts.runs, states, strict=True):
             items[index] = PreparedRun(position, run.run_id, state.close_hash, state, *rows)
+    built = None if native is None else _built_archive(native, len(where))
     tables = {
-        ARCHIVE.name: _archive_table(archive, where, incoming),
+        ARCHIVE.name: _archive_table(archive, where, incoming, built),
         RUNS.name: _table_of(RUNS, runs, len(runs.get("run_id", ()))),
         FIELDS.name: _table_of(FIELDS, fields, len(fields.get("run_id", ()))),
         CHECKLIST.name: _table_of(CHECKLIST, checklist, len(checklist.get("run_id", ()))),

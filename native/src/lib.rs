@@ -27,21 +27,31 @@ const DIGEST_HEX: usize = 64;
 /// The `[start, end)` byte span of each event in `message` if every event is in canonical form and its
 /// chain hash matches; else `None`.
 pub fn canonical_spans(message: &[u8]) -> Option<Vec<(usize, usize)>> {
+    let events = canonical_events(message)?;
+    Some(
+        events
+            .iter()
+            .map(|event| (event.start, event.end))
+            .collect(),
+    )
+}
+
+/// Each event of `message` if every one is in canonical form and its chain hash matches; else `None`.
+fn canonical_events(message: &[u8]) -> Option<Vec<Event>> {
     std::str::from_utf8(message).ok()?;
     let mut at = skip_whitespace(message, 0);
     if message.get(at) != Some(&b'[') {
         return None;
     }
     at = skip_whitespace(message, at + 1);
-    let mut spans = Vec::new();
+    let mut events = Vec::new();
     loop {
-        let start = at;
-        let event = top_level_object(message, start)?;
-        if !hash_matches(message, start, &event) {
+        let event = top_level_object(message, at)?;
+        if !hash_matches(message, &event) {
             return None;
         }
-        spans.push((start, event.end));
         at = skip_whitespace(message, event.end);
+        events.push(event);
         match message.get(at)? {
             b',' => at = skip_whitespace(message, at + 1),
             b']' => break,
@@ -51,11 +61,13 @@ pub fn canonical_spans(message: &[u8]) -> Option<Vec<(usize, usize)>> {
     if skip_whitespace(message, at + 1) != message.len() {
         return None;
     }
-    Some(spans)
+    Some(events)
 }
 
-/// An event object read in canonical form: where it ends, its `hash` member and its `prev_hash` value.
+/// An event object read in canonical form: where it is, its `hash` member and its `prev_hash` value,
+/// and the values of the archive's columns.
 struct Event {
+    start: usize,
     end: usize,
     /// `[start, end)` of the `"hash":"…"` member (without the comma around it).
     hash_member: Option<(usize, usize)>,
@@ -65,9 +77,12 @@ struct Event {
     prev_hash: Option<(usize, usize)>,
     /// Whether its `event_id` is a string spelling a UUID.
     uuid: bool,
+    /// `[start, end)` of the value of each `ARCHIVE_FIELDS` member.
+    fields: [Option<(usize, usize)>; ARCHIVE_FIELDS.len()],
 }
 
-fn hash_matches(message: &[u8], start: usize, event: &Event) -> bool {
+fn hash_matches(message: &[u8], event: &Event) -> bool {
+    let start = event.start;
     let (Some((m0, m1)), Some((h0, h1)), Some((p0, p1))) =
         (event.hash_member, event.hash_value, event.prev_hash)
     else {
@@ -127,11 +142,13 @@ fn skip_whitespace(b: &[u8], mut at: usize) -> usize {
 /// An event: a canonical object at the message's top level, its hash members noted.
 fn top_level_object(b: &[u8], at: usize) -> Option<Event> {
     let mut event = Event {
+        start: at,
         end: 0,
         hash_member: None,
         hash_value: None,
         prev_hash: None,
         uuid: false,
+        fields: [None; ARCHIVE_FIELDS.len()],
     };
     event.end = object(b, at, 1, Some(&mut event))?;
     event.uuid.then_some(event)
@@ -179,6 +196,12 @@ fn object(b: &[u8], at: usize, depth: usize, mut event: Option<&mut Event>) -> O
         let start = key_end + 1;
         let end = value(b, start, depth)?;
         if let Some(event) = event.as_deref_mut() {
+            if let Some(field) = ARCHIVE_FIELDS
+                .iter()
+                .position(|(name, _)| name.as_bytes() == key)
+            {
+                event.fields[field] = Some((start, end));
+            }
             if key == b"hash" && b[start] == b'"' {
                 event.hash_member = Some((member, end));
                 event.hash_value = Some((start + 1, end - 1));
@@ -311,22 +334,316 @@ fn integer(b: &[u8], at: usize) -> Option<usize> {
     }
 }
 
+// ---- the archive's columns ---------------------------------------------------------------------------------
+
+/// The archive's columns read from an event's top level, in the archive's order, and whether each is an
+/// integer (INTEGER) rather than a string (VARCHAR) column.
+pub const ARCHIVE_FIELDS: [(&str, bool); 11] = [
+    ("event_id", false),
+    ("run_id", false),
+    ("seq", true),
+    ("event_type", false),
+    ("schema_version", true),
+    ("action_key", false),
+    ("user_id", false),
+    ("agent_id", false),
+    ("occurred_at", false),
+    ("hash", false),
+    ("prev_hash", false),
+];
+
+/// An Arrow string column under construction.
+struct StringColumn {
+    offsets: Vec<i32>,
+    data: Vec<u8>,
+    valid: Vec<bool>,
+}
+
+impl StringColumn {
+    fn new() -> Self {
+        Self {
+            offsets: vec![0],
+            data: Vec::new(),
+            valid: Vec::new(),
+        }
+    }
+
+    /// Ends the row whose bytes were appended to `data` (none for a NULL).
+    fn close(&mut self, valid: bool) -> Option<()> {
+        self.offsets.push(i32::try_from(self.data.len()).ok()?);
+        self.valid.push(valid);
+        Some(())
+    }
+
+    fn truncate(&mut self, rows: usize) {
+        let rows = rows.min(self.valid.len());
+        self.valid.truncate(rows);
+        self.offsets.truncate(rows + 1);
+        self.data.truncate(self.offsets[rows] as usize);
+    }
+
+    /// (validity bits or None when no row is NULL, 32-bit offsets, data), as Arrow lays them out.
+    fn buffers<'py>(&self, py: Python<'py>) -> Buffers<'py> {
+        let validity = self.valid.contains(&false).then(|| {
+            let mut bits = vec![0u8; self.valid.len().div_ceil(8)];
+            for (row, _) in self.valid.iter().enumerate().filter(|(_, valid)| **valid) {
+                bits[row / 8] |= 1 << (row % 8);
+            }
+            PyBytes::new(py, &bits)
+        });
+        let offsets: Vec<u8> = self.offsets.iter().flat_map(|o| o.to_le_bytes()).collect();
+        (
+            validity,
+            PyBytes::new(py, &offsets),
+            PyBytes::new(py, &self.data),
+        )
+    }
+}
+
+type Buffers<'py> = (
+    Option<Bound<'py, PyBytes>>,
+    Bound<'py, PyBytes>,
+    Bound<'py, PyBytes>,
+);
+
+/// The archive's columns of a chunk of messages, built while their events are checked: each vouched-for
+/// message's rows are appended by `canonical_texts`, any other verified event's by `push`, in the order of
+/// the archive's rows; `truncate` takes back a message's rows when it is refused after all.
+#[pyclass(module = "preflight_audit_native")]
+pub struct ArchiveColumns {
+    strings: Vec<StringColumn>,
+    integers: Vec<Vec<i32>>,
+    events: StringColumn,
+    indexes: Vec<i32>,
+}
+
+impl ArchiveColumns {
+    fn rows(&self) -> usize {
+        self.indexes.len()
+    }
+
+    /// Appends the rows of a vouched-for message; none (and `None`) if a member is missing or of another
+    /// kind than its column's, or an integer beyond 32 bits: the caller then pushes them itself.
+    fn append(&mut self, message: &[u8], events: &[Event]) -> Option<()> {
+        let before = self.rows();
+        for (index, event) in events.iter().enumerate() {
+            if self.append_event(message, event, index).is_none() {
+                self.truncate(before);
+                return None;
+            }
+        }
+        Some(())
+    }
+
+    fn append_event(&mut self, message: &[u8], event: &Event, index: usize) -> Option<()> {
+        let (mut string, mut integer) = (0, 0);
+        for (field, &(_, is_integer)) in ARCHIVE_FIELDS.iter().enumerate() {
+            let (start, end) = event.fields[field]?;
+            let value = &message[start..end];
+            if is_integer {
+                let number: i32 = std::str::from_utf8(value).ok()?.parse().ok()?;
+                self.integers[integer].push(number);
+                integer += 1;
+                continue;
+            }
+            let column = &mut self.strings[string];
+            string += 1;
+            match value[0] {
+                b'n' => column.close(false)?,
+                b'"' => {
+                    let from = column.data.len();
+                    unescape(&value[1..value.len() - 1], &mut column.data)?;
+                    if field == 0 {
+                        column.data[from..].make_ascii_lowercase(); // a UUID: ASCII
+                    }
+                    column.close(true)?;
+                }
+                _ => return None,
+            }
+        }
+        self.events
+            .data
+            .extend_from_slice(&message[event.start..event.end]);
+        self.events.close(true)?;
+        self.indexes.push(i32::try_from(index).ok()?);
+        Some(())
+    }
+}
+
+#[pymethods]
+impl ArchiveColumns {
+    #[new]
+    fn py_new() -> Self {
+        let strings = ARCHIVE_FIELDS
+            .iter()
+            .filter(|(_, is_integer)| !is_integer)
+            .count();
+        Self {
+            strings: (0..strings).map(|_| StringColumn::new()).collect(),
+            integers: vec![Vec::new(), Vec::new()],
+            events: StringColumn::new(),
+            indexes: Vec::new(),
+        }
+    }
+
+    /// The rows so far.
+    #[getter(rows)]
+    fn py_rows(&self) -> usize {
+        self.rows()
+    }
+
+    /// Keeps the first `rows` rows only.
+    fn truncate(&mut self, rows: usize) {
+        for column in &mut self.strings {
+            column.truncate(rows);
+        }
+        for column in &mut self.integers {
+            column.truncate(rows);
+        }
+        self.events.truncate(rows);
+        self.indexes.truncate(rows);
+    }
+
+    /// Appends one verified event's row: `values` in `ARCHIVE_FIELDS` order (a string column takes any
+    /// other value as NULL; `event_id` is lower-cased), its canonical `text`, its index in its message.
+    fn push(&mut self, values: Vec<Bound<'_, PyAny>>, text: &[u8], index: i32) -> PyResult<()> {
+        if values.len() != ARCHIVE_FIELDS.len() {
+            return Err(pyo3::exceptions::PyValueError::new_err(
+                "one value per archive field",
+            ));
+        }
+        let mut numbers = Vec::new();
+        for (&(_, is_integer), value) in ARCHIVE_FIELDS.iter().zip(&values) {
+            if is_integer {
+                numbers.push(value.extract::<i32>()?);
+            }
+        }
+        let (mut string, mut integer) = (0, 0);
+        for (field, (&(_, is_integer), value)) in ARCHIVE_FIELDS.iter().zip(&values).enumerate() {
+            if is_integer {
+                self.integers[integer].push(numbers[integer]);
+                integer += 1;
+                continue;
+            }
+            let column = &mut self.strings[string];
+            string += 1;
+            let text = value
+                .cast::<pyo3::types::PyString>()
+                .ok()
+                .map(|s| s.to_str())
+                .transpose()?;
+            match text {
+                Some(text) if field == 0 => column
+                    .data
+                    .extend_from_slice(text.to_lowercase().as_bytes()),
+                Some(text) => column.data.extend_from_slice(text.as_bytes()),
+                None => {}
+            }
+            column.close(text.is_some()).ok_or_else(too_large)?;
+        }
+        self.events.data.extend_from_slice(text);
+        self.events.close(true).ok_or_else(too_large)?;
+        self.indexes.push(index);
+        Ok(())
+    }
+
+    /// The columns as Arrow buffers: (validity or None, offsets, data) per string field, little-endian
+    /// int32 values per integer field (both in `ARCHIVE_FIELDS` order), the texts' buffers, and the
+    /// indexes' values.
+    #[allow(clippy::type_complexity)]
+    fn finish<'py>(
+        &self,
+        py: Python<'py>,
+    ) -> (
+        Vec<Buffers<'py>>,
+        Vec<Bound<'py, PyBytes>>,
+        Buffers<'py>,
+        Bound<'py, PyBytes>,
+    ) {
+        let ints = |values: &[i32]| {
+            let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+            PyBytes::new(py, &bytes)
+        };
+        (
+            self.strings
+                .iter()
+                .map(|column| column.buffers(py))
+                .collect(),
+            self.integers.iter().map(|values| ints(values)).collect(),
+            self.events.buffers(py),
+            ints(&self.indexes),
+        )
+    }
+}
+
+fn too_large() -> PyErr {
+    pyo3::exceptions::PyOverflowError::new_err("a chunk's archive column beyond 2 GiB")
+}
+
+/// A JSON string's content with the escapes `json.dumps` writes resolved into `out`; `None` for any other.
+fn unescape(raw: &[u8], out: &mut Vec<u8>) -> Option<()> {
+    let mut at = 0;
+    while at < raw.len() {
+        let next = raw[at..]
+            .iter()
+            .position(|&c| c == b'\\')
+            .map_or(raw.len(), |p| at + p);
+        out.extend_from_slice(&raw[at..next]);
+        if next == raw.len() {
+            break;
+        }
+        let (byte, width) = match *raw.get(next + 1)? {
+            b'"' => (b'"', 2),
+            b'\\' => (b'\\', 2),
+            b'b' => (0x08, 2),
+            b'f' => (0x0c, 2),
+            b'n' => (b'\n', 2),
+            b'r' => (b'\r', 2),
+            b't' => (b'\t', 2),
+            b'u' => {
+                let code = std::str::from_utf8(raw.get(next + 2..next + 6)?).ok()?;
+                let value = u8::from_str_radix(code, 16).ok()?; // beyond 0xff: not a control character
+                if value >= 0x20 {
+                    return None;
+                }
+                (value, 6)
+            }
+            _ => return None,
+        };
+        out.push(byte);
+        at = next + width;
+    }
+    Some(())
+}
+
 /// The text of each event in `message` (a JSON array, as bytes) if every one is already in canonical
-/// form and its chain hash matches; else None (see the module doc).
+/// form and its chain hash matches; else None (see the module doc). With `columns`, the events' archive
+/// rows are appended to them (or none, where one cannot be read: see `ArchiveColumns::append`).
 #[pyfunction]
-fn canonical_texts<'py>(py: Python<'py>, message: &[u8]) -> PyResult<Option<Bound<'py, PyList>>> {
-    let Some(spans) = canonical_spans(message) else {
+#[pyo3(signature = (message, columns=None))]
+fn canonical_texts<'py>(
+    py: Python<'py>,
+    message: &[u8],
+    columns: Option<PyRefMut<'py, ArchiveColumns>>,
+) -> PyResult<Option<Bound<'py, PyList>>> {
+    let Some(events) = canonical_events(message) else {
         return Ok(None);
     };
-    let texts = spans
+    if let Some(mut columns) = columns {
+        let _ = columns.append(message, &events); // declined: the caller pushes the rows itself
+    }
+    let texts = events
         .iter()
-        .map(|&(start, end)| PyBytes::new(py, &message[start..end]));
+        .map(|event| PyBytes::new(py, &message[event.start..event.end]));
     Ok(Some(PyList::new(py, texts)?))
 }
 
 #[pymodule]
 fn preflight_audit_native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(canonical_texts, module)?)?;
+    module.add_class::<ArchiveColumns>()?;
+    let fields: Vec<&str> = ARCHIVE_FIELDS.iter().map(|(name, _)| *name).collect();
+    module.add("ARCHIVE_FIELDS", fields)?;
     module.add("MAX_DEPTH", MAX_DEPTH)?;
     Ok(())
 }

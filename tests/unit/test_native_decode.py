@@ -10,12 +10,15 @@ same events and texts.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import importlib
 import json
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from functools import cache
 from types import ModuleType
 from typing import Any
 
@@ -24,13 +27,19 @@ from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from preflight.events import canonical_json, content_hash
-from projections import decode
-from projections.decode import _fast_path
+from projections import decode, rows
+from projections.decode import Incoming, Rejected, _fast_path
+from projections.rows import PreparedChunk, prepare_all
 from tests.unit.test_projection_rows import (
     _narrowed,
+    alterations,
     altered_events,
     base_run,
+    demo_messages,
     every_kind_of_event,
+    executed,
+    message,
+    raw_message,
     rechained,
 )
 
@@ -292,12 +301,12 @@ def test_the_fast_path_returns_the_same_with_it_and_without_it(
     messages += [b"[" + canonical_json(event) + b"]" for event in every_kind_of_event()]
     messages.append(json.dumps(base_run()).encode())  # spaced: the compiled check leaves it to Python
     vouched = 0
-    for message in messages:
+    for value in messages:
         monkeypatch.setattr(decode, "_NATIVE", native.canonical_texts)
-        with_it = _fast_path(message)
-        vouched += native.canonical_texts(message) is not None
+        with_it = _fast_path(value)
+        vouched += native.canonical_texts(value) is not None
         monkeypatch.setattr(decode, "_NATIVE", None)
-        assert with_it == _fast_path(message)
+        assert with_it == _fast_path(value)
         assert with_it is not None
     assert vouched == len(messages) - 1
 
@@ -324,3 +333,100 @@ def test_what_the_relaxed_shapes_accept_and_it_vouches_for_the_strict_shapes_acc
         strict = decode._decoded(message)
         assert strict is not None
         assert decode._as_dicts(strict) == decode._as_dicts(relaxed)
+
+
+# ---- the archive's columns, built as the messages are checked -------------------------------------------------
+
+_MODES = ("compiled check and columns", "compiled check only", "columns only (every row pushed)", "python")
+
+
+def _prepared(messages: Sequence[Incoming], mode: str, native: ModuleType) -> PreparedChunk:
+    check = native.canonical_texts if mode in _MODES[:2] else None
+    columns = native.ArchiveColumns if mode in (_MODES[0], _MODES[2]) else None
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(decode, "_NATIVE", check)
+        patch.setattr(rows, "_NATIVE_COLUMNS", columns)
+        return prepare_all(messages)
+
+
+def _same_chunks(messages: Sequence[Incoming], native: ModuleType) -> PreparedChunk:
+    """The chunk prepared with and without each compiled part: the same items and tables."""
+    chunks = [_prepared(messages, mode, native) for mode in _MODES]
+    for mode, chunk in zip(_MODES[1:], chunks[1:], strict=True):
+        assert chunk.items == chunks[0].items, mode
+        for name, table in chunks[0].tables.items():
+            assert table.equals(chunk.tables[name]), (mode, name)
+    return chunks[0]
+
+
+@cache
+def _executed() -> tuple[Incoming, Incoming]:
+    """An approved run's message and its outcome's, at offsets 0 and 2."""
+    state, tail = asyncio.run(executed())
+    return message(state.run_events, 0), message([tail], 2)
+
+
+def test_a_chunk_of_every_kind_of_event_is_prepared_the_same_either_way(native: ModuleType) -> None:
+    chunk = _same_chunks(demo_messages(), native)
+    assert chunk.tables["archive"].num_rows > 1000
+    assert any(isinstance(item, Rejected) for item in chunk.items)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(change=alterations(), reseal=st.booleans(), spaced=st.booleans())
+def test_altered_runs_are_prepared_the_same_either_way(
+    native: ModuleType, change: tuple[int, str, Any], reseal: bool, spaced: bool
+) -> None:
+    """Whatever refuses a message after the compiled check vouched for it (its key, its chain, its run) takes
+    its rows back; a message it does not vouch for (spaced JSON) has its rows pushed."""
+    index, key, value = change
+    events = base_run()
+    events[index] = {**events[index], key: value}
+    if reseal and key not in ("hash", "prev_hash"):
+        with contextlib.suppress(Exception):
+            events = rechained(events)
+    try:
+        body = json.dumps(events).encode() if spaced else canonical_json(events)
+    except ValueError:  # infinity
+        assume(False)
+    approved, outcome = _executed()
+    _same_chunks([approved, raw_message(body, 1), outcome], native)
+
+
+def test_escaped_and_null_values_and_a_refused_message(native: ModuleType) -> None:
+    run = base_run()
+    for event in run:
+        event["user_id"] = 'a"\\\n\x01é\U0001f600'
+        event["agent_id"] = None
+        event["event_id"] = event["event_id"].upper()  # archived lower-cased
+    good = raw_message(canonical_json(rechained(run)), 0)
+    wrong_key = Incoming("events", 0, 1, b"another key", good.value)
+    chunk = _same_chunks([good, wrong_key, good], native)
+    archive = chunk.tables["archive"]
+    assert archive.num_rows == 2 * len(run)
+    assert set(archive.column("user_id").to_pylist()) == {'a"\\\n\x01é\U0001f600'}
+    assert archive.column("agent_id").null_count == 2 * len(run)
+    assert archive.column("event_id").to_pylist()[: len(run)] == [e["event_id"].lower() for e in run]
+
+
+def test_pushed_rows_and_truncation(native: ModuleType) -> None:
+    columns = native.ArchiveColumns()
+    event = base_run()[0]
+    text = canonical_json(event)
+    values = [event[name] for name in native.ARCHIVE_FIELDS]
+    columns.push(values, text, 0)
+    columns.push([*values[:6], 5, *values[7:]], text, 1)  # not a string: NULL, as in Python
+    assert native.canonical_texts(canonical_json([event]), columns) == [text]
+    assert columns.rows == 3
+    strings, integers, _, _ = columns.finish()
+    user_id = native.ARCHIVE_FIELDS.index("user_id") - 2  # after seq and schema_version
+    assert strings[user_id][0] == bytes([0b101])  # the second row's is NULL
+    assert integers[0] == bytes(12)  # seq 0, three times
+    columns.truncate(1)
+    assert columns.rows == 1
+    columns.push(values, text, 2)
+    _, _, texts, indexes = columns.finish()
+    assert texts[1] == b"".join(n.to_bytes(4, "little") for n in (0, len(text), 2 * len(text)))
+    assert indexes == (0).to_bytes(4, "little") + (2).to_bytes(4, "little")
+    with pytest.raises((TypeError, OverflowError)):
+        columns.push([*values[:2], 2**31, *values[3:]], text, 0)
