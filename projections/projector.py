@@ -927,8 +927,9 @@ def _start_decode_worker(parent: int, niceness: int) -> None:
 
 def default_decode_workers() -> int:
     """Decode processes for a machine the projector has to itself: one per core, at most four (none on one
-    core). Decoding and verifying is pure Python and costs about twice DuckDB's writes; in worker
-    processes it runs beside the writer instead of taking turns with it for the GIL, and a worker sends
+    core). Decoding and verifying is mostly Python (msgspec and the compiled check of `native/` aside) and
+    costs more CPU than DuckDB's writes; in worker processes it runs beside the writer instead of taking
+    turns with it for the GIL, and a worker sends
     back Arrow tables, cheap to pickle. Measured on two otherwise idle cores (bench/projector.py, 200k
     events): 23-26k events/s with none, 24k with one, 32k with two; with today's decoder, a ratio to the
     bulk insert of 0.39-0.40 with one and 0.43-0.50 with two in the same hour. On a machine busy with other
