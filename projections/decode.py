@@ -22,12 +22,14 @@ holding a float (or anything the fast path does not accept) takes the reference 
 standard library, validated event by event with `preflight.events.decode_event`, hashed with
 `preflight.events.content_hash` itself, which also names the precise defect.
 
-The fast path's hashing has a compiled form (`native/`, the `preflight_audit_native` module, built by
-`make` wherever there is a Rust toolchain): the producer writes each event in canonical form, so it checks
-on the message's own bytes that every event is in that form and that its hash matches, and answers their
-texts -- or nothing, for anything it cannot vouch for (a float, an escaped key, whitespace, a hash that
-does not match, ...), and then the Python above decides as it would without it. Property tests hold it to
-that (tests/unit/test_native_decode.py); `PREFLIGHT_NATIVE_DECODE=0` leaves it unused.
+The fast path has a compiled part (`native/`, the `preflight_audit_native` module, built by `make`
+wherever there is a Rust toolchain). The producer writes each event in canonical form, so it checks on the
+message's own bytes that every event is in that form, its event_id a UUID and its hash a lower-case digest
+that matches, and answers their texts (appending their archive rows to the chunk's `ArchiveColumns`) --
+or nothing, for anything it cannot vouch for (a float, an escaped key, whitespace, a hash that does not
+match, ...), and then the Python above decides as it would without it. With it, the message is decoded
+by shapes without the event_id and hash patterns (`_RELAXED_SHAPES`), which it checks instead. Property
+tests hold it to all that (tests/unit/test_native_decode.py); `PREFLIGHT_NATIVE_DECODE=0` leaves it unused.
 """
 
 from __future__ import annotations
