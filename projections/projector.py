@@ -377,7 +377,14 @@ class Projector:
             self._pool = pool
             loop = asyncio.get_running_loop()
             workers = range(self._decode_workers)
-            await asyncio.gather(*(loop.run_in_executor(pool, detached_checked, [], self._trust) for _ in workers))
+            try:
+                await asyncio.gather(*(loop.run_in_executor(pool, detached_checked, [], self._trust) for _ in workers))
+            except BrokenProcessPool:
+                # A worker died before it ignored the stop signals (one sent to the process group as it
+                # started), or its start failed: nothing was handed to it, and the event loop decodes.
+                log.warning("a decode worker died while starting; decoding in the event loop")
+                self._pool = None
+                await asyncio.to_thread(pool.shutdown, wait=True, cancel_futures=True)
         con = await self._in_writer(open_database, self._path)
         self._con = con
         self._reader = con.cursor()  # a second connection: reads committed data while the writer writes
@@ -689,8 +696,8 @@ class Projector:
                 *(loop.run_in_executor(pool, detached_checked, [raw(m) for m in part], self._trust) for part in parts)
             )
         except BrokenProcessPool:
-            # A decode worker died (e.g. the signal that stops this projector reached its process group
-            # first): decode here, so that the batch in hand is still written before the projector stops.
+            # A decode worker died (killed on its own: the workers ignore the signals that stop the
+            # projector): decode here, so that the batch in hand is still written.
             log.warning("the decode workers are gone; decoding %d messages in the event loop", len(incoming))
             return [prepare_checked(incoming, self._trust)]
         return [replace(chunk, incoming=tuple(part)) for chunk, part in zip(chunks, parts, strict=True)]
@@ -911,8 +918,16 @@ async def log_end_offsets(
 
 
 def _start_decode_worker(parent: int, niceness: int) -> None:
-    """In a decode worker: lower its priority by `niceness`, collect garbage as `tune_interpreter` has it,
-    and exit once the projector process is gone (SIGKILLed, say) rather than linger."""
+    """In a decode worker: ignore the stop signals, lower its priority by `niceness`, collect garbage as
+    `tune_interpreter` has it, and exit once the projector process is gone (SIGKILLed, say) rather than linger.
+
+    The projector stops its workers itself, after the batches they decode are handed over. A SIGTERM or
+    SIGINT sent to its whole process group (a terminal's Ctrl-C, a service manager stopping the group)
+    must not kill a worker first: one killed while it sends a result back leaves part of the result in
+    the pipe, and the pool's manager thread then waits for the rest forever -- the projector never exits.
+    """
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, signal.SIG_IGN)
     if niceness:
         os.nice(niceness)
     _collect_less_often()

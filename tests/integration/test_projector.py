@@ -790,6 +790,15 @@ class TestSharedTransactions:
         assert comparison.equal, str(comparison)
 
 
+def _process_state(pid: int) -> str | None:
+    """The state letter of process `pid` (``Z``: ended, not reaped yet), None once it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[0]
+
+
 class TestDecodeWorkers:
     """Decode workers run at the priority `decode_niceness` gives them, below the projector's writer, and
     project what the event loop alone does."""
@@ -815,6 +824,27 @@ class TestDecodeWorkers:
         comparison = compare_projections(alone, workers)
         assert comparison.equal, str(comparison)
         assert len(table(workers, "archive")) == sum(map(len, messages)) + len(deferred.run_events)
+
+    async def test_the_stop_signals_are_left_to_the_projector(
+        self, broker: Broker, topic: str, sink: KafkaEventSink, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """SIGTERM and SIGINT, which reach the workers too when sent to the projector's process group, do
+        not end them: they decode on until the projector stops them (it then waits for them to exit)."""
+        messages = await seed_transfer(engine_on(sink))
+        ends = sink_ends(sink)
+        async with Projector(tmp_path / "p.duckdb", broker.bootstrap_servers, topic, decode_workers=2) as projector:
+            pids = projector.decode_worker_pids
+            assert len(pids) == 2
+            for pid in pids:
+                os.kill(pid, signal.SIGTERM)
+                os.kill(pid, signal.SIGINT)
+            await projector.run_until(ends, timeout_s=PHASE_TIMEOUT_S)
+            await asyncio.sleep(0.5)  # a worker the signals ended would be gone, or a zombie, by now
+            assert all(_process_state(pid) not in (None, "Z") for pid in pids)
+            assert projector.decode_worker_pids == pids
+        assert "decode workers are gone" not in caplog.text
+        assert all(_process_state(pid) is None for pid in pids), "stopping the projector reaps its workers"
+        assert len(table(tmp_path / "p.duckdb", "archive")) == sum(map(len, messages))
 
     def test_a_niceness_beyond_what_nice_takes_is_refused(self, tmp_path: Path) -> None:
         for niceness in (-1, 20):

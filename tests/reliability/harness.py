@@ -265,12 +265,22 @@ class ProjectorProcess:
     """``python -m projections ... run`` as a child in its own session, its output appended to a log file.
 
     `start` returns at once (`wait_started` waits, bounded, for its "partitions ... from" line);
-    `kill` SIGKILLs its process group (decode workers included) and reaps it; `stop` is SIGTERM
-    (the projector finishes the batch in hand) with SIGKILL after a bound."""
+    `kill` SIGKILLs its process group (decode workers included) and reaps it; `stop` sends SIGTERM to
+    the process group, as a service manager or a terminal's Ctrl-C does (the projector finishes the
+    batch in hand and stops its workers), with SIGKILL after a bound (then its exit status is -9)."""
 
     def __init__(
-        self, bootstrap: str, topic: str, db: Path, log_path: Path, *, group: str = "live", batch_size: int = 20
+        self,
+        bootstrap: str,
+        topic: str,
+        db: Path,
+        log_path: Path,
+        *,
+        group: str = "live",
+        batch_size: int = 20,
+        decode_workers: int | None = None,
     ) -> None:
+        workers = [] if decode_workers is None else ["--decode-workers", str(decode_workers)]
         self.command = [
             sys.executable,
             "-m",
@@ -281,6 +291,7 @@ class ProjectorProcess:
             topic,
             "--batch-size",
             str(batch_size),
+            *workers,
             "run",
             "--db",
             str(db),

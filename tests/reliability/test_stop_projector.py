@@ -1,0 +1,120 @@
+"""Stop the projector process with SIGTERM to its process group at random points; every stop is clean.
+
+A service manager stopping a service, or Ctrl-C in a terminal, signals the projector's whole process
+group: the projector and its decode workers at once. The projector runs as ``python -m projections ...
+run`` with two decode workers and small batches (20 messages: many results sent back by the workers).
+Each cycle starts it and stops it, alternately:
+
+* *while projecting*: once it has sought to its stored offsets, agents publish a chunk of runs and the
+  signal lands at a uniformly random moment of that publishing. The projector must exit 0 (it finishes
+  the batch in hand, commits and stops its workers) within the harness's bound;
+* *while starting*: agents publish a chunk while it is down (a backlog), and the signal lands at a
+  uniformly random moment between its spawn and a little after it usually starts projecting. Before
+  its signal handlers are installed the signal ends it (exit -15); after, it must exit 0. It must never
+  hang (the harness SIGKILLs it after the bound: exit -9) or fail.
+
+Then a last projector projects to the end, a worker folds the topic, and the audit compares sets (see
+`tests.reliability.harness`): every acknowledged event archived exactly once, every run's chain intact,
+the projection equal to a rebuild from offset 0, every baseline equal to a pure fold of the archive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from infra.brokers import Broker
+from preflight.adapters.kafka import KafkaEventSink
+from tests.integration.worker_harness import WorkerRig
+from tests.reliability.harness import (
+    PARTITIONS,
+    Agents,
+    Ledger,
+    LedgerSink,
+    ProjectorProcess,
+    RunSource,
+    audit,
+    fault_rng,
+    kill_cycles,
+    project_to_end,
+    read_table,
+    report,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.reliability]
+
+#: As in the kill tests: about 1.5 s of publishing per cycle.
+RUNS_PER_CYCLE = 24
+PACE_S = 0.25
+#: How far past its usual start a stop while starting may land (the backlog being projected).
+BACKLOG_WINDOW_S = 0.5
+
+
+async def test_the_projector_stopped_by_its_process_group_at_random_points_exits_cleanly(
+    broker: Broker, topic_name: str, tmp_path: Path
+) -> None:
+    cycles = kill_cycles()
+    rng, seed = fault_rng()
+    bootstrap = broker.bootstrap_servers
+    rig = WorkerRig.fresh(bootstrap, topic_name, tmp_path, partitions=PARTITIONS)
+    await rig.create_topics()
+    topic = rig.settings.events_topic
+    live, rebuilt = tmp_path / "live.duckdb", tmp_path / "rebuilt.duckdb"
+    projector = ProjectorProcess(bootstrap, topic, live, tmp_path / "projector.log", batch_size=20, decode_workers=2)
+    ledger = Ledger()
+    source = RunSource(users=16)
+    exits: dict[str, Counter[int | None]] = {"projecting": Counter(), "starting": Counter()}
+    startup_s, publish_s = 2.0, 1.0  # first guesses; measured from then on
+    began = time.monotonic()
+    try:
+        async with KafkaEventSink(bootstrap, topic) as sink:
+            agents = Agents(LedgerSink(sink, ledger))
+            for cycle in range(cycles):
+                if cycle % 2 == 0:
+                    spawned = time.monotonic()
+                    projector.start()
+                    await projector.wait_started()
+                    startup_s = time.monotonic() - spawned
+                    publishing = asyncio.create_task(agents.publish(source.take(RUNS_PER_CYCLE), pace_s=PACE_S))
+                    await asyncio.sleep(rng.uniform(0.0, publish_s))  # the fault: a random point of the stream
+                    exits["projecting"][await asyncio.to_thread(projector.stop)] += 1
+                    publish_s = await publishing
+                else:
+                    await agents.publish(source.take(RUNS_PER_CYCLE))  # a backlog for the next start
+                    projector.start()
+                    await asyncio.sleep(rng.uniform(0.0, startup_s + BACKLOG_WINDOW_S))  # the fault
+                    exits["starting"][await asyncio.to_thread(projector.stop)] += 1
+            faults_s = time.monotonic() - began
+            survived = read_table(live, "consumer_offsets") if live.exists() else []
+
+            stats = await project_to_end(bootstrap, topic, live)
+            await rig.start()
+            await rig.wait_caught_up()
+            counts = await audit(
+                bootstrap=bootstrap, topic=topic, live_db=live, rebuilt_db=rebuilt, ledger=ledger, worker=rig
+            )
+    finally:
+        projector.kill()
+        rig.process.stop(timeout_s=10.0)
+        print(f"----- projector log -----\n{projector.log_tail(30)}")
+
+    stored = sum(int(r["next_offset"]) for r in survived)
+    report(
+        "stop the projector (SIGTERM to its process group)",
+        counts,
+        f"{cycles} stops (seed {seed}); exit statuses while projecting {dict(exits['projecting'])},"
+        f" while starting {dict(exits['starting'])}",
+        f"{ledger.acked_messages} messages acknowledged: {stored} projected by the stopped processes,"
+        f" {stats.messages} by the last start",
+        f"faults took {faults_s:.0f} s",
+    )
+    assert ledger.failed_messages == 0, "the broker stayed up: every publish should have been acknowledged"
+    assert set(exits["projecting"]) == {0}, f"a stop while projecting did not exit 0: {exits}\n{projector.log_tail()}"
+    assert set(exits["starting"]) <= {0, -signal.SIGTERM}, f"a stop while starting hung or failed: {exits}"
+    assert counts.ok, counts.explain()
+    assert counts.acknowledged == counts.archived > 0
