@@ -370,7 +370,7 @@ class Projector:
             # Spawned, not forked: this process already runs threads (the writer, the Kafka client).
             pool = ProcessPoolExecutor(
                 self._decode_workers,
-                mp_context=multiprocessing.get_context("spawn"),
+                mp_context=DecodeWorkerContext(),
                 initializer=_start_decode_worker,
                 initargs=(os.getpid(), self._decode_niceness),
             )
@@ -917,6 +917,21 @@ async def log_end_offsets(
         await consumer.stop()
 
 
+class DecodeWorkerProcess(multiprocessing.context.SpawnProcess):
+    """A decode worker's process: spawned, not forked. It ignores SIGTERM (`_start_decode_worker`), so
+    `terminate` -- which the pool calls on the workers left when one died, and then waits for them --
+    sends SIGKILL: a worker left blocked (writing a result nobody reads any more) would never end."""
+
+    def terminate(self) -> None:
+        self.kill()
+
+
+class DecodeWorkerContext(multiprocessing.context.SpawnContext):
+    """The decode workers' multiprocessing context: spawn, with `DecodeWorkerProcess`."""
+
+    Process = DecodeWorkerProcess
+
+
 def _start_decode_worker(parent: int, niceness: int) -> None:
     """In a decode worker: ignore the stop signals, lower its priority by `niceness`, collect garbage as
     `tune_interpreter` has it, and exit once the projector process is gone (SIGKILLed, say) rather than linger.
@@ -925,6 +940,7 @@ def _start_decode_worker(parent: int, niceness: int) -> None:
     SIGINT sent to its whole process group (a terminal's Ctrl-C, a service manager stopping the group)
     must not kill a worker first: one killed while it sends a result back leaves part of the result in
     the pipe, and the pool's manager thread then waits for the rest forever -- the projector never exits.
+    (The pool ends workers with SIGKILL instead: `DecodeWorkerProcess`.)
     """
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, signal.SIG_IGN)

@@ -53,6 +53,7 @@ from projections import (
     replay,
     reset_offsets,
 )
+from projections.projector import DecodeWorkerContext, _start_decode_worker
 from projections.rows import Plan
 from tests.unit import scenario as sc
 
@@ -790,6 +791,20 @@ class TestSharedTransactions:
         assert comparison.equal, str(comparison)
 
 
+def _decode_worker_asleep(parent: int) -> None:
+    """In a process of `DecodeWorkerContext`: start as a decode worker does, then sleep."""
+    _start_decode_worker(parent, 0)
+    time.sleep(PHASE_TIMEOUT_S * 2)
+
+
+def _ignores(pid: int, signum: signal.Signals) -> bool:
+    """Whether process `pid` ignores `signum` (its SigIgn mask in /proc)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigIgn:"):
+            return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    raise AssertionError(f"no SigIgn line for process {pid}")
+
+
 def _process_state(pid: int) -> str | None:
     """The state letter of process `pid` (``Z``: ended, not reaped yet), None once it is gone."""
     try:
@@ -845,6 +860,25 @@ class TestDecodeWorkers:
         assert "decode workers are gone" not in caplog.text
         assert all(_process_state(pid) is None for pid in pids), "stopping the projector reaps its workers"
         assert len(table(tmp_path / "p.duckdb", "archive")) == sum(map(len, messages))
+
+    def test_the_pool_ends_a_worker_with_sigkill(self) -> None:
+        """When a worker dies, the pool terminates the others and waits for them: a worker, which ignores
+        SIGTERM, must still end (else a worker blocked on a full result pipe hangs the projector)."""
+        worker = DecodeWorkerContext().Process(target=_decode_worker_asleep, args=(os.getpid(),))
+        worker.start()
+        try:
+            assert worker.pid is not None
+            deadline = time.monotonic() + PHASE_TIMEOUT_S
+            while not _ignores(worker.pid, signal.SIGTERM):
+                assert worker.is_alive() and time.monotonic() < deadline, "the worker did not start"
+                time.sleep(0.05)  # polling interval of a bounded wait
+            assert _ignores(worker.pid, signal.SIGINT)
+            worker.terminate()
+            worker.join(PHASE_TIMEOUT_S)
+            assert worker.exitcode == -signal.SIGKILL
+        finally:
+            worker.kill()
+            worker.join()
 
     def test_a_niceness_beyond_what_nice_takes_is_refused(self, tmp_path: Path) -> None:
         for niceness in (-1, 20):
