@@ -697,8 +697,11 @@ class Projector:
             )
         except BrokenProcessPool:
             # A decode worker died (killed on its own: the workers ignore the signals that stop the
-            # projector): decode here, so that the batch in hand is still written.
-            log.warning("the decode workers are gone; decoding %d messages in the event loop", len(incoming))
+            # projector). The pool has ended the others; the event loop decodes this batch and the rest.
+            if self._pool is pool:
+                self._pool = None
+                log.warning("the decode workers are gone; the event loop decodes from now on")
+                await asyncio.to_thread(pool.shutdown, wait=True, cancel_futures=True)
             return [prepare_checked(incoming, self._trust)]
         return [replace(chunk, incoming=tuple(part)) for chunk, part in zip(chunks, parts, strict=True)]
 

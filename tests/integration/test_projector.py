@@ -850,6 +850,10 @@ class TestDecodeWorkers:
         async with Projector(tmp_path / "p.duckdb", broker.bootstrap_servers, topic, decode_workers=2) as projector:
             pids = projector.decode_worker_pids
             assert len(pids) == 2
+            deadline = time.monotonic() + PHASE_TIMEOUT_S
+            while not all(_ignores(pid, signal.SIGTERM) for pid in pids):  # started: one may be initializing still
+                assert time.monotonic() < deadline, "the workers never ignored SIGTERM"
+                await asyncio.sleep(0.05)  # polling interval of a bounded wait
             for pid in pids:
                 os.kill(pid, signal.SIGTERM)
                 os.kill(pid, signal.SIGINT)
@@ -860,6 +864,27 @@ class TestDecodeWorkers:
         assert "decode workers are gone" not in caplog.text
         assert all(_process_state(pid) is None for pid in pids), "stopping the projector reaps its workers"
         assert len(table(tmp_path / "p.duckdb", "archive")) == sum(map(len, messages))
+
+    async def test_a_worker_killed_on_its_own_leaves_the_decoding_to_the_event_loop(
+        self, broker: Broker, topic: str, sink: KafkaEventSink, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """One worker SIGKILLed (the OOM killer, say) between batches: the pool ends the other, the event
+        loop decodes every batch from then on, and the projection is the one the event loop alone makes."""
+        messages = [m for _ in range(3) for m in await seed_transfer(engine_on(sink))]
+        ends = sink_ends(sink)
+        alone, broken = tmp_path / "alone.duckdb", tmp_path / "broken.duckdb"
+        async with Projector(alone, broker.bootstrap_servers, topic) as projector:
+            await projector.run_until(ends, timeout_s=PHASE_TIMEOUT_S)
+        async with Projector(broken, broker.bootstrap_servers, topic, batch_size=2, decode_workers=2) as projector:
+            pids = projector.decode_worker_pids
+            os.kill(pids[0], signal.SIGKILL)
+            await projector.run_until(ends, timeout_s=PHASE_TIMEOUT_S)
+            assert projector.decode_worker_pids == []
+            assert all(_process_state(pid) is None for pid in pids), "both workers ended and reaped"
+        assert caplog.text.count("decode workers are gone") == 1
+        comparison = compare_projections(alone, broken)
+        assert comparison.equal, str(comparison)
+        assert len(table(broken, "archive")) == sum(map(len, messages))
 
     def test_the_pool_ends_a_worker_with_sigkill(self) -> None:
         """When a worker dies, the pool terminates the others and waits for them: a worker, which ignores
