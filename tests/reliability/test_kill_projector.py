@@ -1,13 +1,24 @@
-"""SIGKILL the projector process at random points while agents publish; nothing is lost, repeated or different.
+"""SIGKILL the projector process, or stop it with SIGTERM to its process group, at random points while
+agents publish; nothing is lost, repeated or different.
 
-The projector runs as ``python -m projections ... run`` into one DuckDB file, with small batches (20
-messages: many transactions). Each cycle starts it and SIGKILLs it, alternately:
+The projector runs as ``python -m projections ... run`` into one DuckDB file, with two decode workers
+and small batches (20 messages: many transactions, many results sent back by the workers). Each cycle
+starts it and ends it, alternately:
 
 * *while projecting*: once it has sought to its stored offsets, agents publish a chunk of runs and the
-  kill lands at a uniformly random moment of that publishing;
-* *while starting*: agents publish a chunk while it is down (a backlog), and the kill lands at a
+  fault lands at a uniformly random moment of that publishing;
+* *while starting*: agents publish a chunk while it is down (a backlog), and the fault lands at a
   uniformly random moment between its spawn and a little after it usually starts projecting:
   importing, opening the database (replaying the WAL a kill left), seeking, projecting the backlog.
+
+The fault is one of:
+
+* ``sigkill``: SIGKILL to its process group (a crash, the OOM killer, a power cut of the process);
+* ``sigterm``: SIGTERM to its process group, as a service manager's stop or a terminal's Ctrl-C sends
+  it: the projector and its decode workers at once. A stop while projecting must exit 0 (it finishes the
+  batch in hand, commits and stops its workers) within the harness's bound; a stop while starting exits
+  0, or -15 when the signal came before its handlers were set. It must never hang (the harness SIGKILLs
+  it after the bound: exit -9) or fail.
 
 Then a last projector (in this process) projects to the end, a worker folds the topic, and the audit
 compares sets (see `tests.reliability.harness`): every acknowledged event archived exactly once, every
@@ -18,6 +29,7 @@ fold of the archive.
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 from collections import Counter
 from pathlib import Path
@@ -47,13 +59,21 @@ pytestmark = [pytest.mark.integration, pytest.mark.reliability]
 #: As in the worker's test: about 1.5 s of publishing per cycle.
 RUNS_PER_CYCLE = 24
 PACE_S = 0.25
-#: How far past its usual start a kill while starting may land (the backlog being projected).
+#: How far past its usual start a fault while starting may land (the backlog being projected).
 BACKLOG_WINDOW_S = 0.5
+#: Each fault's name in the report, and the exit statuses it may leave while projecting / while starting
+#: (None: any; SIGKILL's is -9 by definition).
+FAULTS: dict[str, tuple[str, set[int] | None, set[int] | None]] = {
+    "sigkill": ("kill the projector", None, None),
+    "sigterm": ("stop the projector (SIGTERM to its process group)", {0}, {0, -signal.SIGTERM}),
+}
 
 
-async def test_the_projector_sigkilled_at_random_points_loses_repeats_and_alters_nothing(
-    broker: Broker, topic_name: str, tmp_path: Path
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+async def test_the_projector_ended_at_random_points_loses_repeats_and_alters_nothing(
+    broker: Broker, topic_name: str, tmp_path: Path, fault: str
 ) -> None:
+    name, exits_projecting, exits_starting = FAULTS[fault]
     cycles = kill_cycles()
     rng, seed = fault_rng()
     bootstrap = broker.bootstrap_servers
@@ -61,10 +81,11 @@ async def test_the_projector_sigkilled_at_random_points_loses_repeats_and_alters
     await rig.create_topics()
     topic = rig.settings.events_topic
     live, rebuilt = tmp_path / "live.duckdb", tmp_path / "rebuilt.duckdb"
-    projector = ProjectorProcess(bootstrap, topic, live, tmp_path / "projector.log", batch_size=20)
+    projector = ProjectorProcess(bootstrap, topic, live, tmp_path / "projector.log", batch_size=20, decode_workers=2)
+    end = projector.kill if fault == "sigkill" else projector.stop
     ledger = Ledger()
     source = RunSource(users=16)
-    kills: Counter[str] = Counter()
+    exits: dict[str, Counter[int | None]] = {"projecting": Counter(), "starting": Counter()}
     startup_s, publish_s = 2.0, 1.0  # first guesses; measured from then on
     began = time.monotonic()
     try:
@@ -78,15 +99,13 @@ async def test_the_projector_sigkilled_at_random_points_loses_repeats_and_alters
                     startup_s = time.monotonic() - spawned
                     publishing = asyncio.create_task(agents.publish(source.take(RUNS_PER_CYCLE), pace_s=PACE_S))
                     await asyncio.sleep(rng.uniform(0.0, publish_s))  # the fault: a random point of the stream
-                    await asyncio.to_thread(projector.kill)
-                    kills["projecting"] += 1
+                    exits["projecting"][await asyncio.to_thread(end)] += 1
                     publish_s = await publishing
                 else:
                     await agents.publish(source.take(RUNS_PER_CYCLE))  # a backlog for the next start
                     projector.start()
                     await asyncio.sleep(rng.uniform(0.0, startup_s + BACKLOG_WINDOW_S))  # the fault
-                    await asyncio.to_thread(projector.kill)
-                    kills["starting"] += 1
+                    exits["starting"][await asyncio.to_thread(end)] += 1
             faults_s = time.monotonic() - began
             survived = read_table(live, "consumer_offsets") if live.exists() else []
 
@@ -103,13 +122,19 @@ async def test_the_projector_sigkilled_at_random_points_loses_repeats_and_alters
 
     stored = sum(int(r["next_offset"]) for r in survived)
     report(
-        "kill the projector",
+        name,
         counts,
-        f"{cycles} SIGKILLs ({kills['projecting']} while projecting, {kills['starting']} while starting; seed {seed})",
-        f"{ledger.acked_messages} messages acknowledged: {stored} projected by the killed processes,"
+        f"{cycles} {fault.upper()}s ({sum(exits['projecting'].values())} while projecting,"
+        f" {sum(exits['starting'].values())} while starting; seed {seed}); exit statuses while projecting"
+        f" {dict(exits['projecting'])}, while starting {dict(exits['starting'])}",
+        f"{ledger.acked_messages} messages acknowledged: {stored} projected by the processes ended,"
         f" {stats.messages} by the last start",
         f"faults took {faults_s:.0f} s",
     )
     assert ledger.failed_messages == 0, "the broker stayed up: every publish should have been acknowledged"
+    if exits_projecting is not None:
+        assert set(exits["projecting"]) <= exits_projecting, f"ended while projecting: {exits}\n{projector.log_tail()}"
+    if exits_starting is not None:
+        assert set(exits["starting"]) <= exits_starting, f"ended while starting: {exits}\n{projector.log_tail()}"
     assert counts.ok, counts.explain()
     assert counts.acknowledged == counts.archived > 0
