@@ -106,6 +106,10 @@ DEFAULT_GROUP: Final = "preflight-projector"
 REPLAY_GROUP: Final = "preflight-replay"
 #: The decode workers' default nice increment (`Projector`'s `decode_niceness`), and the largest.
 DECODE_NICENESS: Final = 10
+#: Most fetched batches decoding ahead behind a backlog while the writer writes (with decode workers):
+#: a DuckDB row group compressed, or a shared transaction's COMMIT, takes as long as ~10 batches'
+#: decoding (bench/projector.py); each batch waiting costs its messages and rows in memory.
+DECODE_AHEAD_WHILE_WRITING: Final = 8
 _MAX_NICENESS: Final = 19
 
 
@@ -519,18 +523,28 @@ class Projector:
         """Fetch a batch and start decoding it; meanwhile hand the batch fetched before it to the writer.
 
         Batches in the air: the one being written (the writer thread), the one handed over next (planned
-        here), and the ones fetched after it (`_decode_ahead`), decoding in the decode workers. While a
-        fetched batch waits, the fetch does not wait for new messages: it takes what the consumer holds.
-        The batch handed over commits at once unless a backlog waits behind it (`transaction_events`).
+        here), and the ones fetched after it, decoding in the decode workers: two (`_decode_ahead`), and
+        behind a backlog, while the writer writes, up to `DECODE_AHEAD_WHILE_WRITING` (a write that
+        compresses a full row group, or the COMMIT of a shared transaction, takes as long as ten batches'
+        decoding; the workers decode on meanwhile instead of waiting). Near the log's end the fetch does
+        not wait for new messages while a fetched batch waits: it takes what the consumer holds. Behind a
+        backlog it does (the next messages are on their way), rather than hand over with nothing decoding
+        behind. The batch handed over commits at once unless a backlog waits behind it (`transaction_events`).
         """
         if self._unaccounted:
             await self._rewind()
         self._unaccounted = True  # interrupted from here on, the consumer is ahead of the database
         ahead = self._decoding
         incoming = await self._fetch(wait=not ahead)
+        limit = self._decode_ahead
+        if self._pool is not None and ahead and await self._lag() >= self._batch_size:
+            if self._pending is not None and not self._pending.done():
+                limit = DECODE_AHEAD_WHILE_WRITING
+            if not incoming and len(ahead) <= limit:
+                incoming = await self._fetch(wait=True)
         if incoming:
             ahead.append((incoming, self._start_decode(incoming)))
-        if ahead and (len(ahead) > self._decode_ahead or not incoming):
+        if ahead and (len(ahead) > limit or not incoming):
             previous = ahead.pop(0)
             waiting = sum(len(messages) for messages, _ in ahead)
             if waiting < self._batch_size:

@@ -36,6 +36,7 @@ import duckdb
 import pytest
 from aiokafka import AIOKafkaProducer
 
+import projections.projector as projector_module
 from infra.brokers import Broker
 from preflight import MemoryStorage, Preflight, PreflightEvent, create_preflight
 from preflight.adapters.kafka import KafkaEventSink
@@ -48,13 +49,16 @@ from projections import (
     ProjectorStats,
     ReplayTargetExistsError,
     compare_projections,
+    migrate,
     migrations,
     open_database,
     replay,
     reset_offsets,
 )
-from projections.projector import DecodeWorkerContext, _start_decode_worker
-from projections.rows import Plan
+from projections.decode import Incoming
+from projections.projector import DECODE_AHEAD_WHILE_WRITING, DecodeWorkerContext, _start_decode_worker
+from projections.rows import Plan, plan_batch, prepare_all, to_arrow
+from projections.store import EventIdConflict, sql, write_batch
 from tests.unit import scenario as sc
 
 pytestmark = pytest.mark.integration
@@ -910,6 +914,46 @@ class TestDecodeWorkers:
             with pytest.raises(ValueError, match="decode_niceness"):
                 Projector(tmp_path / "db.duckdb", "127.0.0.1:1", decode_niceness=niceness)
 
+    async def test_behind_a_backlog_they_decode_on_while_the_writer_writes(
+        self, broker: Broker, topic: str, sink: KafkaEventSink, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A long write (a full row group compressed, a shared transaction's COMMIT) does not stop the
+        decoding: with the writer held on its first batch, the projector fetches and decodes
+        `DECODE_AHEAD_WHILE_WRITING` batches behind the one it hands over next, and no more."""
+        messages = [m for _ in range(5) for m in await seed_transfer(engine_on(sink))]
+        ends = sink_ends(sink)
+        assert len(messages) == sum(ends.values()) >= DECODE_AHEAD_WHILE_WRITING + 4
+        alone, held = tmp_path / "alone.duckdb", tmp_path / "held.duckdb"
+        async with Projector(alone, broker.bootstrap_servers, topic, batch_size=1) as projector:
+            await projector.run_until(ends, timeout_s=PHASE_TIMEOUT_S)
+
+        release, holding = threading.Event(), threading.Event()
+        append_batch = projector_module.append_batch
+
+        def held_first(*args: Any, **kwargs: Any) -> None:
+            if not holding.is_set():
+                holding.set()
+                assert release.wait(PHASE_TIMEOUT_S * 2), "the test never released the writer"
+            append_batch(*args, **kwargs)
+
+        monkeypatch.setattr(projector_module, "append_batch", held_first)
+        async with Projector(held, broker.bootstrap_servers, topic, batch_size=1, decode_workers=2) as projector:
+            running = asyncio.ensure_future(projector.run_until(ends, timeout_s=PHASE_TIMEOUT_S))
+            try:
+                deadline = time.monotonic() + PHASE_TIMEOUT_S
+                while len(projector._decoding) < DECODE_AHEAD_WHILE_WRITING:
+                    assert not running.done() and time.monotonic() < deadline, "it stopped decoding ahead"
+                    await asyncio.sleep(0.02)  # polling interval of a bounded wait
+                assert holding.is_set() and projector.stats.batches == 0
+                await asyncio.sleep(0.5)  # a projector fetching beyond the bound would have by now
+                assert len(projector._decoding) == DECODE_AHEAD_WHILE_WRITING
+            finally:
+                release.set()
+            stats = await running
+        assert stats.batches == len(messages)
+        comparison = compare_projections(alone, held)
+        assert comparison.equal, str(comparison)
+
 
 class TestReplay:
     """A replay from offset 0 into a fresh file equals the live projection."""
@@ -967,6 +1011,48 @@ class TestMigrations:
             con.close()
         with pytest.raises(MigrationError, match="edited"):
             open_database(db)
+
+    async def test_the_archive_rebuilt_with_zstd_keeps_its_rows_key_and_defaults(self, tmp_path: Path) -> None:
+        """006 rebuilds the archive so that its `event` column is compressed with zstd: every row is kept
+        as it was, the key still refuses an archived event_id, and a new row still gets its ingest time."""
+        pf = create_preflight(hooks=sc.hooks(), storage=MemoryStorage())
+        runs = [list((await pf.run(sc.transfer())).run_events) for _ in range(3)]
+
+        def batch(messages: list[list[PreflightEvent]], first: int) -> tuple[dict[str, Any], int]:
+            incoming = [
+                Incoming("events", 0, first + i, KEY.encode(), encode_message(m)) for i, m in enumerate(messages)
+            ]
+            plan = plan_batch([prepare_all(incoming)], {}, projection="p", next_offsets={})
+            return to_arrow(plan), plan.archived
+
+        db = tmp_path / "before.duckdb"
+        con = duckdb.connect(str(db))
+        try:
+            con.execute(sql("schema_migrations"))
+            for migration in migrations()[:5]:
+                con.execute(migration.sql)
+                con.execute(
+                    sql("record_migration"),
+                    {"version": migration.version, "name": migration.name, "checksum": migration.checksum},
+                )
+            tables, events = batch(runs[:2], 0)
+            write_batch(con, tables, expected_events=events)
+            before = con.execute("SELECT * FROM archive ORDER BY event_id").fetchall()
+            assert migrate(con) == ["006_archive_zstd.sql"]
+            assert con.execute("SELECT * FROM archive ORDER BY event_id").fetchall() == before
+            with pytest.raises(EventIdConflict):
+                write_batch(con, tables, expected_events=events)
+            write_batch(con, *batch(runs[2:], 2)[:1], expected_events=len(runs[2]))
+            con.execute("CHECKPOINT")
+            compressions = con.execute(
+                "SELECT DISTINCT compression FROM pragma_storage_info('archive') WHERE column_name = 'event'"
+                " AND segment_type = 'JSON'"
+            ).fetchall()
+        finally:
+            con.close()
+        assert compressions == [("ZSTD",)]
+        rows = table(db, "archive")
+        assert len(rows) == len(before) + len(runs[2]) and all(r["ingested_at"] is not None for r in rows)
 
     def test_read_only_needs_a_current_schema(self, tmp_path: Path) -> None:
         db = tmp_path / "m.duckdb"
