@@ -701,7 +701,8 @@ class Projector:
         A worker sends back Arrow tables and small per-message values, not the messages (reattached here).
         """
         pool = self._pool
-        assert pool is not None
+        if pool is None:  # the workers died since this batch was fetched (another batch found them gone)
+            return [prepare_checked(incoming, self._trust)]
         loop = asyncio.get_running_loop()
         size = -(-len(incoming) // self._decode_workers)
         parts = [incoming[i : i + size] for i in range(0, len(incoming), size)]

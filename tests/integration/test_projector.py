@@ -43,6 +43,7 @@ from preflight.adapters.kafka import KafkaEventSink
 from preflight.events import encode_message, seal
 from preflight.hooks import Hook
 from projections import (
+    DatabaseError,
     MigrationError,
     ProjectionTimeout,
     Projector,
@@ -58,7 +59,7 @@ from projections import (
 from projections.decode import Incoming
 from projections.projector import DECODE_AHEAD_WHILE_WRITING, DecodeWorkerContext, _start_decode_worker
 from projections.rows import Plan, plan_batch, prepare_all, to_arrow
-from projections.store import EventIdConflict, sql, write_batch
+from projections.store import EventIdConflict, append_batch, sql, write_batch
 from tests.unit import scenario as sc
 
 pytestmark = pytest.mark.integration
@@ -928,7 +929,6 @@ class TestDecodeWorkers:
             await projector.run_until(ends, timeout_s=PHASE_TIMEOUT_S)
 
         release, holding = threading.Event(), threading.Event()
-        append_batch = projector_module.append_batch
 
         def held_first(*args: Any, **kwargs: Any) -> None:
             if not holding.is_set():
@@ -984,6 +984,27 @@ class TestReplay:
 
         with pytest.raises(ReplayTargetExistsError):
             await replay(rebuilt, broker.bootstrap_servers, topic, progress=False)
+
+
+class TestKeys:
+    """What the planner guarantees, the keys of the tables hold: a batch that would add a run the database
+    holds already fails whole, with a named error, and writes nothing."""
+
+    async def test_a_stored_run_written_again_fails_the_batch(self, tmp_path: Path) -> None:
+        pf = create_preflight(hooks=sc.hooks(), storage=MemoryStorage())
+        messages = [list((await pf.run(sc.transfer())).run_events) for _ in range(2)]
+        incoming = [Incoming("events", 0, i, KEY.encode(), encode_message(m)) for i, m in enumerate(messages)]
+        plan = plan_batch([prepare_all(incoming)], {}, projection="p", next_offsets={})
+        runs = to_arrow(plan)["runs"]
+        db = tmp_path / "p.duckdb"
+        con = open_database(db)
+        try:
+            write_batch(con, {"runs": runs.slice(0, 1)}, expected_events=0)
+            with pytest.raises(DatabaseError, match="rolled back"):
+                write_batch(con, {"runs": runs}, expected_events=0)  # the first run again, and a new one
+        finally:
+            con.close()
+        assert [r["run_id"] for r in table(db, "runs")] == [messages[0][0].run_id]
 
 
 class TestMigrations:
