@@ -150,6 +150,18 @@ async def project(
         return await projector.run_until(ends, timeout_s=PHASE_TIMEOUT_S)
 
 
+def migrate_to(con: duckdb.DuckDBPyConnection, version: int) -> None:
+    """Apply the migrations up to `version` (included) to a fresh database, as `migrate` records them: a
+    database as code of that version left it, for the test of a later migration."""
+    con.execute(sql("schema_migrations"))
+    for migration in migrations()[:version]:
+        con.execute(migration.sql)
+        con.execute(
+            sql("record_migration"),
+            {"version": migration.version, "name": migration.name, "checksum": migration.checksum},
+        )
+
+
 def table(db: Path, name: str) -> list[dict[str, Any]]:
     """Every row of a table, as dicts (the database opened read-only)."""
     con = duckdb.connect(str(db), read_only=True)
@@ -1049,13 +1061,7 @@ class TestMigrations:
         db = tmp_path / "before.duckdb"
         con = duckdb.connect(str(db))
         try:
-            con.execute(sql("schema_migrations"))
-            for migration in migrations()[:5]:
-                con.execute(migration.sql)
-                con.execute(
-                    sql("record_migration"),
-                    {"version": migration.version, "name": migration.name, "checksum": migration.checksum},
-                )
+            migrate_to(con, 5)
             tables, events = batch(runs[:2], 0)
             write_batch(con, tables, expected_events=events)
             before = con.execute("SELECT * FROM archive ORDER BY event_id").fetchall()

@@ -30,8 +30,8 @@ from projections.decode import Incoming
 from projections.dlq import default_dead_letter_topic
 from projections.rows import plan_batch, prepare_all, rows_as_dicts, to_arrow
 from projections.signatures import DecisionTrust
-from projections.store import sql, write_batch
-from tests.integration.test_projector import KEY, PHASE_TIMEOUT_S, ends_of, publish_raw, table
+from projections.store import write_batch
+from tests.integration.test_projector import KEY, PHASE_TIMEOUT_S, ends_of, migrate_to, publish_raw, table
 from tests.integration.test_projector_dlq import dead_letter_records
 from tests.unit import scenario as sc
 
@@ -206,13 +206,7 @@ class TestMigration005:
         db = tmp_path / "before.duckdb"
         con = duckdb.connect(str(db))
         try:
-            con.execute(sql("schema_migrations"))
-            for migration in migrations()[:4]:
-                con.execute(migration.sql)
-                con.execute(
-                    sql("record_migration"),
-                    {"version": migration.version, "name": migration.name, "checksum": migration.checksum},
-                )
+            migrate_to(con, 4)
             tables = to_arrow(plan)
             tables["runs"] = tables["runs"].drop_columns([*SIGNED_COLUMNS, *VERDICT_COLUMNS])
             write_batch(con, tables, expected_events=plan.archived)
