@@ -11,8 +11,8 @@ distinct and hash-valid; one message per run, plus one per outcome. Then it meas
   (b) the limit: the same rows (planned in memory beforehand, untimed) inserted into another fresh
       DuckDB file as Arrow tables in one transaction by the same SQL; events/s;
   (c) a reference beside the limit: the same again by plain INSERTs, without the ``ON CONFLICT DO
-      NOTHING`` the projector's archive and runs statements carry, which keeps DuckDB from inserting
-      in parallel; events/s;
+      NOTHING`` the projector's archive statement carries, which keeps DuckDB from inserting in
+      parallel; events/s;
 
 and prints them, (a)/(b) (target >= 0.5) and (a)/(c), the projector's seconds by stage and the CPU seconds of
 this process (event loop, writer thread, DuckDB's threads) and of its decode workers. (a) and (b) are

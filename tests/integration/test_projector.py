@@ -162,6 +162,16 @@ def migrate_to(con: duckdb.DuckDBPyConnection, version: int) -> None:
         )
 
 
+def planned(messages: Messages, *, first_offset: int = 0) -> tuple[dict[str, Any], int]:
+    """The batch tables of `messages` (at consecutive offsets of partition 0) planned against an empty
+    projection, and the events they archive: what the writer would get."""
+    incoming = [
+        Incoming("events", 0, first_offset + i, KEY.encode(), encode_message(m)) for i, m in enumerate(messages)
+    ]
+    plan = plan_batch([prepare_all(incoming)], {}, projection="p", next_offsets={})
+    return to_arrow(plan), plan.archived
+
+
 def table(db: Path, name: str) -> list[dict[str, Any]]:
     """Every row of a table, as dicts (the database opened read-only)."""
     con = duckdb.connect(str(db), read_only=True)
@@ -1005,9 +1015,7 @@ class TestKeys:
     async def test_a_stored_run_written_again_fails_the_batch(self, tmp_path: Path) -> None:
         pf = create_preflight(hooks=sc.hooks(), storage=MemoryStorage())
         messages = [list((await pf.run(sc.transfer())).run_events) for _ in range(2)]
-        incoming = [Incoming("events", 0, i, KEY.encode(), encode_message(m)) for i, m in enumerate(messages)]
-        plan = plan_batch([prepare_all(incoming)], {}, projection="p", next_offsets={})
-        runs = to_arrow(plan)["runs"]
+        runs = planned(messages)[0]["runs"]
         db = tmp_path / "p.duckdb"
         con = open_database(db)
         try:
@@ -1050,26 +1058,19 @@ class TestMigrations:
         as it was, the key still refuses an archived event_id, and a new row still gets its ingest time."""
         pf = create_preflight(hooks=sc.hooks(), storage=MemoryStorage())
         runs = [list((await pf.run(sc.transfer())).run_events) for _ in range(3)]
-
-        def batch(messages: list[list[PreflightEvent]], first: int) -> tuple[dict[str, Any], int]:
-            incoming = [
-                Incoming("events", 0, first + i, KEY.encode(), encode_message(m)) for i, m in enumerate(messages)
-            ]
-            plan = plan_batch([prepare_all(incoming)], {}, projection="p", next_offsets={})
-            return to_arrow(plan), plan.archived
-
         db = tmp_path / "before.duckdb"
         con = duckdb.connect(str(db))
         try:
             migrate_to(con, 5)
-            tables, events = batch(runs[:2], 0)
+            tables, events = planned(runs[:2])
             write_batch(con, tables, expected_events=events)
             before = con.execute("SELECT * FROM archive ORDER BY event_id").fetchall()
             assert migrate(con) == ["006_archive_zstd.sql"]
             assert con.execute("SELECT * FROM archive ORDER BY event_id").fetchall() == before
             with pytest.raises(EventIdConflict):
                 write_batch(con, tables, expected_events=events)
-            write_batch(con, *batch(runs[2:], 2)[:1], expected_events=len(runs[2]))
+            more, more_events = planned(runs[2:], first_offset=2)
+            write_batch(con, more, expected_events=more_events)
             con.execute("CHECKPOINT")
             compressions = con.execute(
                 "SELECT DISTINCT compression FROM pragma_storage_info('archive') WHERE column_name = 'event'"
