@@ -963,10 +963,13 @@ class TestDecodeWorkers:
             running = asyncio.ensure_future(projector.run_until(ends, timeout_s=PHASE_TIMEOUT_S))
             try:
                 deadline = time.monotonic() + PHASE_TIMEOUT_S
+                while not holding.is_set():  # the writer handed its first batch (and still before it)
+                    assert not running.done() and time.monotonic() < deadline, "the writer got no batch"
+                    await asyncio.sleep(0.02)  # polling interval of a bounded wait
                 while len(projector._decoding) < DECODE_AHEAD_WHILE_WRITING:
                     assert not running.done() and time.monotonic() < deadline, "it stopped decoding ahead"
                     await asyncio.sleep(0.02)  # polling interval of a bounded wait
-                assert holding.is_set() and projector.stats.batches == 0
+                assert projector.stats.batches == 0
                 await asyncio.sleep(0.5)  # a projector fetching beyond the bound would have by now
                 assert len(projector._decoding) == DECODE_AHEAD_WHILE_WRITING
             finally:
