@@ -379,14 +379,11 @@ class Projector:
                 initargs=(os.getpid(), self._decode_niceness),
             )
             self._pool = pool
-            loop = asyncio.get_running_loop()
-            workers = range(self._decode_workers)
-            try:
-                await asyncio.gather(*(loop.run_in_executor(pool, detached_checked, [], self._trust) for _ in workers))
-            except BrokenProcessPool:
+            failure = await _start_workers(pool, self._decode_workers, self._trust)
+            if failure is not None:
                 # A worker died before it ignored the stop signals (one sent to the process group as it
                 # started), or its start failed: nothing was handed to it, and the event loop decodes.
-                log.warning("a decode worker died while starting; decoding in the event loop")
+                log.warning("a decode worker died while starting (%r); decoding in the event loop", failure)
                 self._pool = None
                 await asyncio.to_thread(pool.shutdown, wait=True, cancel_futures=True)
         con = await self._in_writer(open_database, self._path)
@@ -933,6 +930,31 @@ async def log_end_offsets(
         raise BrokerError(f"cannot read the end offsets of {topic!r}: {exc!r}") from exc
     finally:
         await consumer.stop()
+
+
+async def _start_workers(pool: ProcessPoolExecutor, workers: int, trust: DecisionTrust | None) -> BaseException | None:
+    """Start each of the pool's `workers` (a call with nothing to decode each); None, or why one did not start.
+
+    A worker that dies while starting breaks the pool. The calls handed over then fail with
+    `BrokenProcessPool`; a call still being handed over can fail with `OSError` instead. The pool
+    spawns a worker within the call that needs one, and the pool's manager thread, having found the
+    dead worker, closes the queue that spawn is pickling for the child ("handle is closed"); a child
+    that dies while its parent writes to it gives a `BrokenPipeError`. Every call started is awaited.
+    """
+    loop = asyncio.get_running_loop()
+    started: list[asyncio.Future[Any]] = []
+    failure: BaseException | None = None
+    try:
+        for _ in range(workers):
+            started.append(loop.run_in_executor(pool, detached_checked, [], trust))
+    except (BrokenProcessPool, OSError) as exc:
+        failure = exc
+    for outcome in await asyncio.gather(*started, return_exceptions=True):
+        if isinstance(outcome, BaseException) and failure is None:
+            failure = outcome
+    if failure is not None and not isinstance(failure, (BrokenProcessPool, OSError)):
+        raise failure
+    return failure
 
 
 class DecodeWorkerProcess(multiprocessing.context.SpawnProcess):

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing
 import os
 import queue
 import shutil
@@ -909,6 +910,52 @@ class TestDecodeWorkers:
             assert projector.decode_worker_pids == []
             assert all(_process_state(pid) is None for pid in pids), "both workers ended and reaped"
         assert caplog.text.count("decode workers are gone") == 1
+        comparison = compare_projections(alone, broken)
+        assert comparison.equal, str(comparison)
+        assert len(table(broken, "archive")) == sum(map(len, messages))
+
+    async def test_a_worker_dead_while_the_next_one_is_spawned_leaves_the_decoding_to_the_event_loop(
+        self,
+        broker: Broker,
+        topic: str,
+        sink: KafkaEventSink,
+        tmp_path: Path,
+        caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        """The first worker dies (a SIGTERM to the process group before it ignored the signal, say) while
+        the pool spawns the second. The pool's manager thread, having found the dead worker, closes the
+        queue the spawn is pickling for the new child, and the spawn fails with OSError ("handle is
+        closed"). The projector starts all the same, decodes in the event loop, and projects the same."""
+        messages = await seed_transfer(engine_on(sink))
+        ends = sink_ends(sink)
+        alone, broken = tmp_path / "alone.duckdb", tmp_path / "broken.duckdb"
+        async with Projector(alone, broker.bootstrap_servers, topic) as projector:
+            await projector.run_until(ends, timeout_s=PHASE_TIMEOUT_S)
+
+        spawned: list[multiprocessing.process.BaseProcess] = []
+
+        class FirstDiesWhileTheSecondIsSpawned(DecodeWorkerContext):
+            def Process(self, *args: Any, **kwargs: Any) -> multiprocessing.process.BaseProcess:  # type: ignore[override]
+                if spawned:  # the second: the first dies, and the pool finds it dead, before it spawns
+                    first = spawned[0]
+                    first.kill()
+                    call_queue = kwargs["args"][0]
+                    deadline = time.monotonic() + PHASE_TIMEOUT_S
+                    while not call_queue._reader.closed:
+                        assert time.monotonic() < deadline, "the pool never found its first worker dead"
+                        time.sleep(0.01)  # polling interval of a bounded wait
+                process = super().Process(*args, **kwargs)
+                spawned.append(process)
+                return process
+
+        monkeypatch.setattr(projector_module, "DecodeWorkerContext", FirstDiesWhileTheSecondIsSpawned)
+        async with Projector(broken, broker.bootstrap_servers, topic, decode_workers=2) as projector:
+            assert projector.decode_worker_pids == []
+            await projector.run_until(ends, timeout_s=PHASE_TIMEOUT_S)
+        assert len(spawned) == 2 and spawned[0].exitcode == -signal.SIGKILL
+        assert spawned[1].pid is None, "the second worker's spawn failed before it started a process"
+        assert "a decode worker died while starting (OSError('handle is closed'))" in caplog.text
         comparison = compare_projections(alone, broken)
         assert comparison.equal, str(comparison)
         assert len(table(broken, "archive")) == sum(map(len, messages))
