@@ -8,18 +8,27 @@ ARCHIVE_FIELDS: list[str]
 _Buffers = tuple[bytes | None, bytes, bytes]
 
 class ArchiveColumns:
-    """The archive's columns of a chunk of messages, built while their events are checked."""
+    """The archive's columns of a chunk of messages, built while their events are checked. Each event's
+    text is an Arrow string view: into its message's value (data buffer `message`) when
+    `canonical_texts` appended it, else into the pushed texts (data buffer `messages`)."""
 
+    def __init__(self, messages: int) -> None:
+        """The columns of a chunk of `messages` messages."""
     @property
     def rows(self) -> int: ...
+    @property
+    def message(self) -> int:
+        """The position in the chunk of the message whose rows `canonical_texts` appends next."""
+    @message.setter
+    def message(self, message: int) -> None: ...
     def truncate(self, rows: int) -> None:
         """Keep the first `rows` rows only (a message refused after its rows were appended)."""
     def push(self, values: list[Any], text: bytes, index: int) -> None:
         """Append one verified event's row: `values` in `ARCHIVE_FIELDS` order (a string column takes any
         other value as NULL; event_id is lower-cased), its canonical text, its index in its message."""
-    def finish(self) -> tuple[list[_Buffers], list[bytes], _Buffers, bytes]:
+    def finish(self) -> tuple[list[_Buffers], list[bytes], tuple[bytes, bytes], bytes]:
         """Arrow buffers: (validity or None, 32-bit offsets, data) per string field, little-endian int32
-        values per integer field, the texts' buffers, the indexes' values."""
+        values per integer field, (the texts' 16-byte views, the pushed texts), the indexes' values."""
 
 def canonical_texts(message: bytes, columns: ArchiveColumns | None = None) -> list[bytes] | None:
     """The text of each event in `message` (a JSON array) if every one is already in canonical form, its

@@ -49,7 +49,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Final, Self
@@ -715,7 +715,7 @@ class Projector:
                 log.warning("the decode workers are gone; the event loop decodes from now on")
                 await asyncio.to_thread(pool.shutdown, wait=True, cancel_futures=True)
             return [prepare_checked(incoming, self._trust)]
-        return [replace(chunk, incoming=tuple(part)) for chunk, part in zip(chunks, parts, strict=True)]
+        return [chunk.attached(part) for chunk, part in zip(chunks, parts, strict=True)]
 
     def _plan(self, prepared: list[PreparedChunk]) -> _Batch:
         """Plan a batch against the database as it will be once the batches handed over commit.

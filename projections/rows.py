@@ -85,6 +85,8 @@ _S, _I, _L, _B, _BIN = pa.string(), pa.int32(), pa.int64(), pa.bool_(), pa.binar
 #: JSON text (Arrow's canonical JSON extension type): DuckDB takes it into a JSON column as it is, without
 #: parsing it again -- every such value is written here by orjson or the standard library.
 _J = pa.json_()
+#: The same over string views: the archive's event texts, which point into the messages' values (`_event_column`).
+_JV = pa.json_(pa.string_view())
 
 ARCHIVE = TableSpec(
     "archive",
@@ -100,7 +102,7 @@ ARCHIVE = TableSpec(
         ("occurred_at", _S),
         ("hash", _S),
         ("prev_hash", _S),
-        ("event", _J),
+        ("event", _JV),
         ("topic", _S),
         ("partition", _I),
         ("offset", _L),
@@ -452,7 +454,7 @@ def _archive_columns(events: list[EventJson], texts: list[bytes], indexes: list[
 
 
 #: The compiled module's builder of a chunk's archive columns (`native/`), or None: they are built here.
-_NATIVE_COLUMNS: Final[Callable[[], Any] | None] = getattr(NATIVE, "ArchiveColumns", None)
+_NATIVE_COLUMNS: Final[Callable[[int], Any] | None] = getattr(NATIVE, "ArchiveColumns", None)
 
 
 def _push(columns: Any, events: Sequence[EventJson], texts: Sequence[bytes]) -> None:
@@ -462,11 +464,12 @@ def _push(columns: Any, events: Sequence[EventJson], texts: Sequence[bytes]) -> 
         columns.push([event.get(name) for name in fields], text, index)
 
 
-def _built_archive(columns: Any, rows: int) -> dict[str, pa.Array]:
-    """The archive's columns the compiled module built, as Arrow arrays over its buffers (no copy)."""
+def _built_archive(columns: Any, rows: int, messages: int) -> tuple[dict[str, pa.Array], EventViews]:
+    """The archive's columns the compiled module built, as Arrow arrays over its buffers (no copy) -- but
+    `event`, which `_event_column` makes over the messages -- and the event texts' views."""
     if columns.rows != rows:
         raise RuntimeError(f"the compiled archive columns hold {columns.rows} rows, the chunk {rows}")
-    strings, integers, texts, indexes = columns.finish()
+    strings, integers, (views, texts), indexes = columns.finish()
     arrays: dict[str, pa.Array] = {}
     buffers = iter(strings)
     values = iter(integers)
@@ -475,9 +478,30 @@ def _built_archive(columns: Any, rows: int) -> dict[str, pa.Array]:
             arrays[name] = pa.Array.from_buffers(_I, rows, [None, pa.py_buffer(next(values))])
         else:
             arrays[name] = _string_array(rows, next(buffers))
-    arrays["event"] = pa.ExtensionArray.from_storage(_J, _string_array(rows, texts))
     arrays["message_index"] = pa.Array.from_buffers(_I, rows, [None, pa.py_buffer(indexes)])
-    return arrays
+    return arrays, EventViews(views, texts, messages)
+
+
+class EventViews(NamedTuple):
+    """The archive `event` column of a chunk, as the compiled module leaves it: each text's 16-byte Arrow
+    string view, into its message's value (data buffer: the message's position in the chunk) or into
+    `texts` (data buffer `messages`: the texts that were not a span of their message)."""
+
+    views: bytes
+    texts: bytes
+    messages: int
+
+
+def _event_column(rows: int, events: EventViews, incoming: Sequence[Incoming]) -> pa.Array:
+    """The archive's `event` column over the values of `incoming` (the chunk's messages, in order): no
+    text is copied."""
+    if len(incoming) != events.messages:
+        raise ValueError(f"the event texts point into {events.messages} messages, not {len(incoming)}")
+    data = [pa.py_buffer(b"" if m.value is None else m.value) for m in incoming]
+    storage = pa.Array.from_buffers(
+        pa.string_view(), rows, [None, pa.py_buffer(events.views), *data, pa.py_buffer(events.texts)]
+    )
+    return pa.ExtensionArray.from_storage(_JV, storage)
 
 
 def _string_array(rows: int, buffers: tuple[bytes | None, bytes, bytes]) -> pa.Array:
@@ -771,10 +795,28 @@ class PreparedChunk:
     incoming: tuple[Incoming, ...]
     items: tuple[Prepared, ...]
     tables: dict[str, pa.Table]
+    #: Prepared in a decode worker (`detached`) with the compiled module: the archive's `event` column is
+    #: left NULL, and these views make it over the messages once they are `attached` -- the texts need not
+    #: travel back.
+    event_views: EventViews | None = None
 
     def message(self, item: Prepared) -> Incoming:
         """The message an item was prepared from."""
         return item.incoming if isinstance(item, Rejected) else self.incoming[item.position]
+
+    def attached(self, incoming: Sequence[Incoming]) -> PreparedChunk:
+        """This chunk, prepared by `detached`, with its messages (`incoming`, in the order they were sent)
+        put back, and the archive's `event` column made over their values.
+
+        :raises ValueError: `incoming` is not as many messages as the chunk was prepared from.
+        """
+        tables = self.tables
+        if self.event_views is not None:
+            archive = tables[ARCHIVE.name]
+            at = ARCHIVE.schema.get_field_index("event")
+            column = _event_column(archive.num_rows, self.event_views, incoming)
+            tables = {**tables, ARCHIVE.name: archive.set_column(at, ARCHIVE.schema.field(at), column)}
+        return replace(self, incoming=tuple(incoming), tables=tables, event_views=None)
 
 
 def _table(spec: TableSpec, rows: list[tuple[Any, ...]]) -> pa.Table:
@@ -788,20 +830,26 @@ def _table(spec: TableSpec, rows: list[tuple[Any, ...]]) -> pa.Table:
 
 def _array(values: Sequence[Any], kind: Any) -> pa.Array:
     """One column. JSON text that is UTF-8 bytes (an event as verified) is taken as it is: no decoding."""
-    if kind == _J and values and type(values[0]) is bytes:
-        return pa.ExtensionArray.from_storage(_J, pa.array(values, type=pa.binary()).view(pa.string()))
+    if kind in (_J, _JV) and values and type(values[0]) is bytes:
+        texts = pa.array(values, type=pa.binary()).view(pa.string())
+        return pa.ExtensionArray.from_storage(kind, texts if kind == _J else texts.cast(pa.string_view()))
     return pa.array(values, type=kind)
 
 
 def prepare_all(incoming: Sequence[Incoming]) -> PreparedChunk:
     """Decode and verify each message (`projections.decode`) and build its rows. Pure."""
+    return _prepare(incoming, detach=False)
+
+
+def _prepare(incoming: Sequence[Incoming], *, detach: bool) -> PreparedChunk:
+    """`prepare_all`; `detach`: as `detached` wants it (the archive's `event` column left to `attached`)."""
     archive: Columns = {}
     runs: Columns = {}
     fields: Columns = {}
     checklist: Columns = {}
     where: list[int] = []  # the position of each archive row's message in `incoming`
     # With the compiled module, the archive's columns are built as the messages are checked (`_built_archive`).
-    native = _NATIVE_COLUMNS() if _NATIVE_COLUMNS is not None else None
+    native = _NATIVE_COLUMNS(len(incoming)) if _NATIVE_COLUMNS is not None and incoming else None
     gates: list[tuple[Any, ...]] = []
     executions: list[tuple[Any, ...]] = []
     items: list[Prepared | None] = []
@@ -815,14 +863,16 @@ def prepare_all(incoming: Sequence[Incoming]) -> PreparedChunk:
         parts = _RunParts()
         made: list[tuple[int, int, tuple[Any, ...]]] = []  # a run's item, message, and rows
         for position in range(start, min(start + _SLICE, len(incoming))):
-            rows = 0 if native is None else native.rows
+            before = 0
+            if native is not None:
+                before, native.message = native.rows, position
             decoded = decode_incoming(incoming[position], native)
             if isinstance(decoded, Rejected):
                 if native is not None:
-                    native.truncate(rows)  # its rows, if the compiled check had vouched for it
+                    native.truncate(before)  # its rows, if the compiled check had vouched for it
                 items.append(decoded)
                 continue
-            if native is not None and native.rows == rows:  # judged without the compiled check
+            if native is not None and native.rows == before:  # judged without the compiled check
                 if isinstance(decoded, VerifiedRun):
                     _push(native, decoded.events, decoded.encoded)
                 else:
@@ -882,7 +932,12 @@ def prepare_all(incoming: Sequence[Incoming]) -> PreparedChunk:
         _extend(checklist, _checklist_columns(parts))
         for (index, position, rows), run, state in zip(made, parts.runs, states, strict=True):
             items[index] = PreparedRun(position, run.run_id, state.close_hash, state, *rows)
-    built = None if native is None else _built_archive(native, len(where))
+    built: dict[str, pa.Array] | None = None
+    views: EventViews | None = None
+    if native is not None:
+        built, views = _built_archive(native, len(where), len(incoming))
+        if not detach:
+            built["event"], views = _event_column(len(where), views, incoming), None
     tables = {
         ARCHIVE.name: _archive_table(archive, where, incoming, built),
         RUNS.name: _table_of(RUNS, runs, len(runs.get("run_id", ()))),
@@ -891,7 +946,7 @@ def prepare_all(incoming: Sequence[Incoming]) -> PreparedChunk:
         GATES.name: _table(GATES, gates),
         EXECUTIONS.name: _table(EXECUTIONS, executions),
     }
-    return PreparedChunk(tuple(incoming), tuple(i for i in items if i is not None), tables)
+    return PreparedChunk(tuple(incoming), tuple(i for i in items if i is not None), tables, views)
 
 
 #: A message as a decode worker receives it: `Incoming`'s fields as a plain tuple (cheaper to pickle).
@@ -912,10 +967,10 @@ def raw(message: Incoming) -> RawMessage:
 
 
 def detached(messages: Sequence[RawMessage]) -> PreparedChunk:
-    """`prepare_all` in a decode worker: from plain tuples (`raw`), and without the messages in the result
-    (the projector reattaches them with ``dataclasses.replace(chunk, incoming=...)``): their bytes need not
-    travel back."""
-    return replace(prepare_all([Incoming(*message) for message in messages]), incoming=())
+    """`prepare_all` in a decode worker: from plain tuples (`raw`), and without the messages in the result,
+    nor (with the compiled module) the events' texts, which are spans of them: the projector reattaches
+    them with `PreparedChunk.attached`. Their bytes need not travel back."""
+    return replace(_prepare([Incoming(*message) for message in messages], detach=True), incoming=())
 
 
 # ---- the batch --------------------------------------------------------------------------------------
@@ -1143,7 +1198,20 @@ def _take(parts: Sequence[pa.Table], indexes: list[int] | None, total: int) -> p
     if indexes is None or len(indexes) == total:  # every row is kept (indexes are distinct): no copy
         return whole
     indexes.sort()
-    return whole.take(pa.array(indexes, type=pa.int64()))
+    return _taken(whole, pa.array(indexes, type=pa.int64()))
+
+
+def _taken(table: pa.Table, indices: pa.Array) -> pa.Table:
+    """`table.take(indices)`. Arrow cannot take string views: such a column (`_JV`) is taken as strings."""
+    columns = []
+    for column in table.columns:
+        if column.type != _JV:
+            columns.append(column.take(indices))
+            continue
+        texts = pa.chunked_array([chunk.storage for chunk in column.chunks], type=pa.string_view())
+        taken = texts.cast(pa.string()).take(indices).cast(pa.string_view())
+        columns.append(pa.chunked_array([pa.ExtensionArray.from_storage(_JV, c) for c in taken.chunks], type=_JV))
+    return pa.Table.from_arrays(columns, schema=table.schema)
 
 
 def _with_outcomes(runs: pa.Table, rows: Sequence[int], merged: Mapping[int, tuple[Any, ...]]) -> pa.Table:

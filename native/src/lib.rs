@@ -406,20 +406,51 @@ type Buffers<'py> = (
     Bound<'py, PyBytes>,
 );
 
+/// An Arrow string view (16 bytes) of `text`: its length, then the text itself when it is 12 bytes or
+/// shorter, else its first 4 bytes, the index of the data buffer holding it and its offset there.
+fn string_view(text: &[u8], buffer: i32, offset: usize) -> Option<[u8; 16]> {
+    let mut view = [0u8; 16];
+    view[..4].copy_from_slice(&i32::try_from(text.len()).ok()?.to_le_bytes());
+    if text.len() <= 12 {
+        view[4..4 + text.len()].copy_from_slice(text);
+    } else {
+        view[4..8].copy_from_slice(&text[..4]);
+        view[8..12].copy_from_slice(&buffer.to_le_bytes());
+        view[12..].copy_from_slice(&i32::try_from(offset).ok()?.to_le_bytes());
+    }
+    Some(view)
+}
+
 /// The archive's columns of a chunk of messages, built while their events are checked: each vouched-for
 /// message's rows are appended by `canonical_texts`, any other verified event's by `push`, in the order of
 /// the archive's rows; `truncate` takes back a message's rows when it is refused after all.
+///
+/// The events' texts are not copied: each row holds an Arrow string view of its text. A vouched-for
+/// event's text is a span of its message's value, so its view points into data buffer `message` (the
+/// message's position in the chunk, set before `canonical_texts` is asked); a pushed text is copied
+/// into `texts`, data buffer `messages` (after every message's). The caller lays the buffers out so.
 #[pyclass(module = "preflight_audit_native")]
 pub struct ArchiveColumns {
     strings: Vec<StringColumn>,
     integers: Vec<Vec<i32>>,
-    events: StringColumn,
+    views: Vec<[u8; 16]>,
+    texts: Vec<u8>,
+    messages: i32,
+    message: i32,
     indexes: Vec<i32>,
 }
 
 impl ArchiveColumns {
     fn rows(&self) -> usize {
         self.indexes.len()
+    }
+
+    /// Where a view's text starts in `texts`, if it is a pushed text not held in the view itself.
+    fn pushed_at(&self, view: &[u8; 16]) -> Option<usize> {
+        let length = i32::from_le_bytes(view[..4].try_into().ok()?);
+        let buffer = i32::from_le_bytes(view[8..12].try_into().ok()?);
+        let offset = i32::from_le_bytes(view[12..].try_into().ok()?);
+        (length > 12 && buffer == self.messages).then_some(offset as usize)
     }
 
     /// Appends the rows of a vouched-for message; none (and `None`) if a member is missing or of another
@@ -461,10 +492,11 @@ impl ArchiveColumns {
                 _ => return None,
             }
         }
-        self.events
-            .data
-            .extend_from_slice(&message[event.start..event.end]);
-        self.events.close(true)?;
+        self.views.push(string_view(
+            &message[event.start..event.end],
+            self.message,
+            event.start,
+        )?);
         self.indexes.push(i32::try_from(index).ok()?);
         Some(())
     }
@@ -472,24 +504,46 @@ impl ArchiveColumns {
 
 #[pymethods]
 impl ArchiveColumns {
+    /// The columns of a chunk of `messages` messages.
     #[new]
-    fn py_new() -> Self {
+    fn py_new(messages: usize) -> PyResult<Self> {
         let strings = ARCHIVE_FIELDS
             .iter()
             .filter(|(_, is_integer)| !is_integer)
             .count();
-        Self {
+        Ok(Self {
             strings: (0..strings).map(|_| StringColumn::new()).collect(),
             integers: vec![Vec::new(), Vec::new()],
-            events: StringColumn::new(),
+            views: Vec::new(),
+            texts: Vec::new(),
+            messages: i32::try_from(messages).map_err(|_| too_large())?,
+            message: 0,
             indexes: Vec::new(),
-        }
+        })
     }
 
     /// The rows so far.
     #[getter(rows)]
     fn py_rows(&self) -> usize {
         self.rows()
+    }
+
+    /// The position in the chunk of the message whose rows `canonical_texts` appends next.
+    #[getter(message)]
+    fn py_message(&self) -> i32 {
+        self.message
+    }
+
+    #[setter(message)]
+    fn set_message(&mut self, message: i32) -> PyResult<()> {
+        if !(0..self.messages).contains(&message) {
+            return Err(pyo3::exceptions::PyIndexError::new_err(format!(
+                "message {message} of a chunk of {}",
+                self.messages
+            )));
+        }
+        self.message = message;
+        Ok(())
     }
 
     /// Keeps the first `rows` rows only.
@@ -500,7 +554,15 @@ impl ArchiveColumns {
         for column in &mut self.integers {
             column.truncate(rows);
         }
-        self.events.truncate(rows);
+        let rows = rows.min(self.views.len());
+        let pushed = self.views[rows..]
+            .iter()
+            .filter_map(|view| self.pushed_at(view))
+            .min();
+        if let Some(at) = pushed {
+            self.texts.truncate(at);
+        }
+        self.views.truncate(rows);
         self.indexes.truncate(rows);
     }
 
@@ -541,15 +603,21 @@ impl ArchiveColumns {
             }
             column.close(text.is_some()).ok_or_else(too_large)?;
         }
-        self.events.data.extend_from_slice(text);
-        self.events.close(true).ok_or_else(too_large)?;
+        let view = string_view(text, self.messages, self.texts.len()).ok_or_else(too_large)?;
+        if self.texts.len() + text.len() > i32::MAX as usize {
+            return Err(too_large());
+        }
+        if text.len() > 12 {
+            self.texts.extend_from_slice(text); // a shorter one is held in its view
+        }
+        self.views.push(view);
         self.indexes.push(index);
         Ok(())
     }
 
     /// The columns as Arrow buffers: (validity or None, offsets, data) per string field, little-endian
-    /// int32 values per integer field (both in `ARCHIVE_FIELDS` order), the texts' buffers, and the
-    /// indexes' values.
+    /// int32 values per integer field (both in `ARCHIVE_FIELDS` order), the texts' views and the pushed
+    /// texts (data buffer `messages`), and the indexes' values.
     #[allow(clippy::type_complexity)]
     fn finish<'py>(
         &self,
@@ -557,7 +625,7 @@ impl ArchiveColumns {
     ) -> (
         Vec<Buffers<'py>>,
         Vec<Bound<'py, PyBytes>>,
-        Buffers<'py>,
+        (Bound<'py, PyBytes>, Bound<'py, PyBytes>),
         Bound<'py, PyBytes>,
     ) {
         let ints = |values: &[i32]| {
@@ -570,7 +638,10 @@ impl ArchiveColumns {
                 .map(|column| column.buffers(py))
                 .collect(),
             self.integers.iter().map(|values| ints(values)).collect(),
-            self.events.buffers(py),
+            (
+                PyBytes::new(py, self.views.as_flattened()),
+                PyBytes::new(py, &self.texts),
+            ),
             ints(&self.indexes),
         )
     }

@@ -409,24 +409,42 @@ def test_escaped_and_null_values_and_a_refused_message(native: ModuleType) -> No
     assert archive.column("event_id").to_pylist()[: len(run)] == [e["event_id"].lower() for e in run]
 
 
+def _view(text: bytes, buffer: int, offset: int) -> bytes:
+    """An Arrow string view, as the Arrow columnar format lays it out."""
+    if len(text) <= 12:
+        return len(text).to_bytes(4, "little") + text.ljust(12, b"\0")
+    return len(text).to_bytes(4, "little") + text[:4] + buffer.to_bytes(4, "little") + offset.to_bytes(4, "little")
+
+
 def test_pushed_rows_and_truncation(native: ModuleType) -> None:
-    columns = native.ArchiveColumns()
+    """A vouched-for event's text is a view into its message (data buffer: the message's position); a
+    pushed text is copied, after the earlier pushed ones (data buffer: the chunk's message count), or held
+    in its view when 12 bytes or shorter. Truncating takes back the pushed texts of the rows it drops."""
+    columns = native.ArchiveColumns(2)
     event = base_run()[0]
     text = canonical_json(event)
     values = [event[name] for name in native.ARCHIVE_FIELDS]
     columns.push(values, text, 0)
     columns.push([*values[:6], 5, *values[7:]], text, 1)  # not a string: NULL, as in Python
+    columns.message = 1
     assert native.canonical_texts(canonical_json([event]), columns) == [text]
     assert columns.rows == 3
-    strings, integers, _, _ = columns.finish()
+    strings, integers, (views, texts), _ = columns.finish()
     user_id = native.ARCHIVE_FIELDS.index("user_id") - 2  # after seq and schema_version
     assert strings[user_id][0] == bytes([0b101])  # the second row's is NULL
     assert integers[0] == bytes(12)  # seq 0, three times
+    assert views == _view(text, 2, 0) + _view(text, 2, len(text)) + _view(text, 1, 1)  # after the "["
+    assert texts == text * 2
     columns.truncate(1)
     assert columns.rows == 1
-    columns.push(values, text, 2)
-    _, _, texts, indexes = columns.finish()
-    assert texts[1] == b"".join(n.to_bytes(4, "little") for n in (0, len(text), 2 * len(text)))
-    assert indexes == (0).to_bytes(4, "little") + (2).to_bytes(4, "little")
+    columns.push(values, b'{"a":1}', 2)
+    columns.push(values, text, 3)
+    _, _, (views, texts), indexes = columns.finish()
+    assert views == _view(text, 2, 0) + _view(b'{"a":1}', 0, 0) + _view(text, 2, len(text))
+    assert texts == text * 2
+    assert indexes == b"".join(n.to_bytes(4, "little") for n in (0, 2, 3))
+    for beyond in (-1, 2):
+        with pytest.raises(IndexError, match="of a chunk of 2"):
+            columns.message = beyond
     with pytest.raises((TypeError, OverflowError)):
         columns.push([*values[:2], 2**31, *values[3:]], text, 0)

@@ -14,7 +14,6 @@ import os
 import pickle
 import re
 from collections.abc import Sequence
-from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -205,7 +204,7 @@ class TestCheckedWhenTheRunIsPrepared:
         shipped = pickle.loads(pickle.dumps(detached_checked([raw(m) for m in items], received)))
         local = prepare_checked(items, trust)
         assert shipped.tables["runs"].to_pylist() == local.tables["runs"].to_pylist()
-        again = plan([replace(shipped, incoming=tuple(items))], trust)
+        again = plan([shipped.attached(items)], trust)
         assert refused(again) == refused(plan([local], trust)) and len(refused(again)) == 1
 
 
