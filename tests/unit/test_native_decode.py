@@ -16,6 +16,7 @@ import hashlib
 import importlib
 import json
 import os
+import pickle
 import shutil
 from collections.abc import Iterator, Sequence
 from functools import cache
@@ -29,7 +30,7 @@ from hypothesis import strategies as st
 from preflight.events import canonical_json, content_hash
 from projections import decode, rows
 from projections.decode import Incoming, Rejected, _fast_path
-from projections.rows import PreparedChunk, prepare_all
+from projections.rows import PreparedChunk, detached, prepare_all, raw
 from tests.unit.test_projection_rows import (
     _narrowed,
     alterations,
@@ -350,9 +351,12 @@ def _prepared(messages: Sequence[Incoming], mode: str, native: ModuleType) -> Pr
 
 
 def _same_chunks(messages: Sequence[Incoming], native: ModuleType) -> PreparedChunk:
-    """The chunk prepared with and without each compiled part: the same items and tables."""
+    """The chunk prepared with and without each compiled part, and as a decode worker sends it back (the
+    events' texts left as views, `attached` here): the same items and tables."""
     chunks = [_prepared(messages, mode, native) for mode in _MODES]
-    for mode, chunk in zip(_MODES[1:], chunks[1:], strict=True):
+    shipped = pickle.loads(pickle.dumps(detached([raw(m) for m in messages])))
+    modes = [*_MODES[1:], "in a decode worker"]
+    for mode, chunk in zip(modes, [*chunks[1:], shipped.attached(messages)], strict=True):
         assert chunk.items == chunks[0].items, mode
         for name, table in chunks[0].tables.items():
             assert table.equals(chunk.tables[name]), (mode, name)
