@@ -849,7 +849,7 @@ def _prepare(incoming: Sequence[Incoming], *, detach: bool) -> PreparedChunk:
     checklist: Columns = {}
     where: list[int] = []  # the position of each archive row's message in `incoming`
     # With the compiled module, the archive's columns are built as the messages are checked (`_built_archive`).
-    native = _NATIVE_COLUMNS(len(incoming)) if _NATIVE_COLUMNS is not None and incoming else None
+    native = _NATIVE_COLUMNS(len(incoming)) if _NATIVE_COLUMNS is not None else None
     gates: list[tuple[Any, ...]] = []
     executions: list[tuple[Any, ...]] = []
     items: list[Prepared | None] = []
