@@ -362,12 +362,15 @@ async def decide(
     clock: Clock,
     load_baseline: Callable[[str], Any],
     admission: AdmissionPolicy | None = None,
+    pseudonym: Callable[[str], str] | None = None,
 ) -> Decided:
     """Steps 0–9 of the decision path. Hooks are guarded where the spec says a failure downgrades;
     anything else that raises is caught by the caller's backstop.
 
     With an `admission` policy (an engine built with `require_approval=True`), a run the tally would
     execute is first judged for admission (step 9b, SPEC §4) and executes only if it is `allowed`.
+    With `pseudonym` (a protected engine's), the action key the run uses and publishes is the keyed
+    pseudonym of the one `build_action_key` returns, and the readable one goes into the trace.
     """
     started = started_summary(None, inp)
     checklist_raw = inp.user_checklist
@@ -425,6 +428,9 @@ async def decide(
     action_key = await call(hooks["build_action_key"], inp.user_id, dict(fixed_values))
     if not _usable_name(action_key):
         raise TypeError(f"build_action_key returned {action_key!r}, not a non-empty string")
+    readable_action_key: str | None = None
+    if pseudonym is not None:
+        readable_action_key, action_key = action_key, pseudonym(action_key)
 
     # Step 3: the tool gate. Only an explicit {approved: True, reason: <str>} is approval.
     try:
@@ -442,6 +448,8 @@ async def decide(
         c3_reason = "hook did not return {approved, reason}"
     fixed = Fixed.model_validate({**fixed_values, "c3_match": C3Match(approved=approved, reason=c3_reason)})
     trace.tool_match = {"tool_name": inp.tool.name, "approved": approved, "reason": c3_reason, "phase": phase}
+    if readable_action_key is not None:
+        trace.tool_match["readable_action_key"] = readable_action_key
     if not approved:
         exhausted = tool_attempt >= TOOL_ATTEMPT_LIMIT
         decision = "hold" if exhausted else "ask_user"
