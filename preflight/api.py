@@ -25,6 +25,7 @@ from typing import Any, Literal
 from pydantic import ValidationError
 
 from preflight.admission import ContractInput
+from preflight.arguments import call_arguments
 from preflight.emit import Sign, outcome_event, rebuild_record, run_events
 from preflight.engine import Decided, backstop, decide, execution_refused, invalid_input, started_summary, validate_tool
 from preflight.errors import ChainError, ConstructionError, RecordingError
@@ -196,7 +197,7 @@ class Preflight:
     def _arguments_digest(self, state: ExecutionRecord, reference: str) -> str | None:
         """The arguments digest a decision over `state` carries: keyed, under the key `reference` names,
         in a protected engine (None when that key is gone: the decision cannot be checked)."""
-        arguments = {f.name: f.value for f in state.fields or ()}
+        arguments = call_arguments({f.name: f.value for f in state.fields or ()})
         if self._protector is None:
             return digest(arguments)
         return self._protector.digest_like(reference, arguments)
@@ -261,7 +262,7 @@ class Preflight:
         sealer = self._sealer(state.run_events[0].user_id, ref.run_id)
         self._executable.pop(ref.run_id, None)  # consumed before the call: a second call is a replay
 
-        arguments = {f.name: f.value for f in state.fields}
+        arguments = call_arguments({f.name: f.value for f in state.fields})
         result: Any = None
         error: BaseException | None = None
         try:

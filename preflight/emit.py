@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from preflight.arguments import call_arguments
 from preflight.engine import Decided
 from preflight.errors import ChainError
 from preflight.events import (
@@ -99,7 +100,7 @@ def run_events(
     chain = _Chain(run_id, {"action_key": record.action_key, "user_id": user_id, "agent_id": agent_id}, clock, new_id)
     chain.sealer = sealer
     if sealer is not None and record.fields is not None:
-        sealer.arguments_digest = sealer.digest({f.name: f.value for f in record.fields})
+        sealer.arguments_digest = sealer.digest(call_arguments({f.name: f.value for f in record.fields}))
     from preflight.records import RECORD_SCHEMA_VERSION
 
     chain.add("run_started", record_schema_version=RECORD_SCHEMA_VERSION, **trace.started)
