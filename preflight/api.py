@@ -36,6 +36,7 @@ from preflight.ports import EventSink, ReplayStore, Storage
 from preflight.protect import ProtectionError, RunSealer, ValueProtector, baseline_view
 from preflight.records import ExecutionRecord, ExecutionRefusalCode, RunRef
 from preflight.replay import DecisionClaim, MemoryReplayStore
+from preflight.results import output_check, structured_content, tool_error
 from preflight.reversibility import AdmissionPolicy
 from preflight.signing import REPLAY_CACHE_LIMIT, DecisionSigner, DecisionVerifier, SignedDecision
 from preflight.testing import MemoryEventSink
@@ -269,6 +270,9 @@ class Preflight:
             result = await call(call_tool, state.fixed.c3_provider_action_name, dict(arguments))
         except Exception as exc:
             error = exc
+        else:
+            error = tool_error(result)  # an MCP error result is a failed call, never an execution
+        checked = None if error is not None else output_check(structured_content(result), _output_schema(tool))
         suffix = "call succeeded" if error is None else f"call failed: {type(error).__name__}: {error}"
         final = state.model_copy(
             update={
@@ -290,6 +294,7 @@ class Preflight:
             clock=self._clock,
             new_id=_new_id,
             sealer=sealer,
+            checked=checked,
         )
         if sealer is not None:
             sealer.close()
@@ -443,6 +448,13 @@ class Preflight:
             if getattr(signed, name) != value:
                 return Refusal("state_altered", f"the signed decision is refused: its {name} is not this state's"), None
         return None, signed
+
+
+def _output_schema(tool: Any) -> dict[str, Any] | None:
+    try:
+        return validate_tool(tool).output_schema_json
+    except (ValidationError, TypeError):
+        return None
 
 
 def _record_digest(state: ExecutionRecord) -> str:

@@ -215,7 +215,12 @@ class RunClosed(Envelope):
 
 
 class Executed(Envelope):
-    """The tool was called once for an approved decision and returned."""
+    """The tool was called once for an approved decision and returned (not an MCP error result).
+
+    `structured_content_digest` is the digest of the result's `structuredContent` and `output_check` its
+    check against the tool's `outputSchema` (``valid`` or the violation), each present only when there is
+    one (`preflight.results`).
+    """
 
     event_type: Literal["executed"] = "executed"
     decision_id: str
@@ -224,10 +229,13 @@ class Executed(Envelope):
     result_digest: str
     reason: str
     timestamp: str
+    structured_content_digest: str | None = Field(default=None, exclude_if=lambda value: value is None)
+    output_check: str | None = Field(default=None, exclude_if=lambda value: value is None)
 
 
 class ExecutionFailed(Envelope):
-    """The tool call raised. Nothing says the provider did nothing: it is never retried."""
+    """The tool call raised, or answered with an MCP error result (`error_type` ``ToolError``). Nothing says
+    the provider did nothing: it is never retried."""
 
     event_type: Literal["execution_failed"] = "execution_failed"
     decision_id: str
