@@ -76,7 +76,10 @@ def render_sources(servers: tuple[CorpusServer, ...] | None = None) -> str:
         "through the `mcp` SDK's `ClientSession` over stdio (`collect.py listed`). `toolsnaps`: the",
         "repository's own checked-in `tools/list` snapshots, read at the commit named (`collect.py toolsnaps`).",
         "Placeholder credentials were given only to servers that refuse to start without one; none calls",
-        "its API to list its tools.",
+        "its API to list its tools. Each npm server was installed alone (`npm install <package>@<version>` in an",
+        "empty folder; `filesystem` from `tests/servers/package-lock.json`): the zod version npm resolves beside",
+        "a server changes the schemas it emits (the filesystem server drops `additionalProperties: false` with",
+        "zod 4), so a server's schemas are those of its own install.",
         "",
         "| file | tools | repository (path) | package and version, or commit | how | placeholder env |",
         "|---|---|---|---|---|---|",
@@ -90,4 +93,7 @@ def render_sources(servers: tuple[CorpusServer, ...] | None = None) -> str:
         where = f"{p['repository']} (`{p['path']}`)"
         lines.append(f"| `{s.name}.json` | {len(s.tools)} | {where} | {pinned} | {p['method']} | {env} |")
     lines += ["", f"{total} tools from {len(servers)} servers.", ""]
+    notes = [(s.name, s.provenance["note"]) for s in servers if s.provenance.get("note")]
+    if notes:
+        lines += ["Notes:", ""] + [f"- `{name}.json`: {note}." for name, note in notes] + [""]
     return "\n".join(lines)
