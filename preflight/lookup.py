@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from preflight.hooks import MISSING, Hook, LookupContext, call, read
+from preflight.normalise import denotes, whole_token
 from preflight.records import ExecutionRecord, FieldRecord
 
 
@@ -49,6 +50,9 @@ class Evidence:
 class Resolved:
     field: FieldRecord
     evidence: Evidence
+    #: Settled unknown on the spot (a lookup hook threw, or a tier-1 claim was refused): the field policy
+    #: and validation do not see it, so nothing can mark it pending or change its note.
+    final: bool = False
 
 
 class BaselineReader:
@@ -160,6 +164,10 @@ async def lookup_field(
             span = _span_ok(read(found, "span", None), segment.text)
             if segment.trust == "user" and span is not None:
                 evidence = Evidence(tier="instruction", segment_index=index, span=span, segment_origin=segment.origin)
+                if not _span_holds(segment.text, span, value, ctx.field_schemas.get(name)):
+                    # The claim cites the user's words, but they do not say this value: the extractor was
+                    # mistaken or fooled. Unknown on the spot, never a value from another tier in its stead.
+                    return Resolved(_refused_claim(name, at, span), evidence, final=True)
                 return _known(name, value, "instruction", at, evidence)
 
     # Tier 2: a value set in advance, only inside a wrapper whose trust is "user".
@@ -219,6 +227,28 @@ def _known(name: str, value: Any, source: Any, at: str, evidence: Evidence) -> R
     return Resolved(record, evidence)
 
 
+SPAN_DOES_NOT_HOLD_VALUE = "span_does_not_hold_value"
+"""The note of a field whose tier-1 claim cites a span of the user's words that does not write the value."""
+
+
+def _span_holds(text: str, span: tuple[int, int], value: Any, schema: Any) -> bool:
+    """True if the text at `span` writes `value` and is a whole token of `text` (`preflight.normalise`)."""
+    start, end = span
+    numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
+    schema_map = schema if isinstance(schema, Mapping) else None
+    return denotes(text[start:end], value, schema_map) and whole_token(text, start, end, numeric=numeric)
+
+
+def _refused_claim(name: str, at: str, span: tuple[int, int]) -> FieldRecord:
+    return _unknown(
+        name,
+        at,
+        pending_at_trigger=False,
+        note=SPAN_DOES_NOT_HOLD_VALUE,
+        diag_note=f"the claimed value is not what the user's segment says at characters {span[0]} to {span[1]}",
+    )
+
+
 def _failed(name: str, at: str, tier: str, exc: BaseException) -> Resolved:
     record = _unknown(
         name,
@@ -228,7 +258,7 @@ def _failed(name: str, at: str, tier: str, exc: BaseException) -> Resolved:
         note=f"lookup hook failed (tier: {tier})",
         diag_note=f"{type(exc).__name__}: {exc}",
     )
-    return Resolved(record, Evidence(tier=None))
+    return Resolved(record, Evidence(tier=None), final=True)
 
 
 def _demote(record: FieldRecord, note: str, **extra: Any) -> FieldRecord:
@@ -243,8 +273,8 @@ async def settle_field(
     """Lookup, then the field policy, then schema validation. Each step may only downgrade."""
     resolved = await lookup_field(name, ctx, hooks, baseline, at)
     record = resolved.field
-    if record.lookup_failed:
-        # The policy must not see a crashed lookup: it could mark it pending and schedule it.
+    if resolved.final:
+        # The policy must not see a crashed lookup or a refused claim: it could mark it pending and schedule it.
         return resolved
 
     record = await _apply_policy(record, ctx, hooks)
