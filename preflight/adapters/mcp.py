@@ -652,6 +652,10 @@ class GuardedSession:
         if self.shadow and (decision != "execute" or arguments_decided != proposal):
             result = await self._forward(name, proposal, {})
             return GuardedOutcome("forwarded", name, state, result=result, reason=f"shadow: decided {decision}")
+        if listed is None:
+            # Recorded (an action-definition gap: the model chose a tool that does not exist), never asked:
+            # no answer of the user's makes a missing tool exist.
+            return GuardedOutcome("held", name, state, reason=f"no server offers a tool named {name!r}; nothing called")
         if unsettleable and not self.shadow:
             # Until the engine settles optional arguments, a call that proposes one is not made: dropping
             # it could make the call more dangerous (a dry run that is not one). Recorded as decided.
