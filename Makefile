@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv native mcp-servers native-test test test-kafka lint typecheck unit bench demo clean
+.PHONY: venv native mcp-servers native-test services test test-kafka lint typecheck unit bench demo clean
 
 # Real MCP servers from npm that the tests start (the PyPI ones come with the dev extra): installed from the
 # lockfile into tests/servers/node_modules (git-ignored), pinned.
@@ -54,12 +54,23 @@ native-test: $(STAMP)
 		PYO3_PYTHON=$(abspath $(BIN))/python cargo test --quiet --release --manifest-path native/Cargo.toml; \
 	fi
 
+# System packages the tests start for real: a PostgreSQL server (the replay store engines on several hosts
+# share, `preflight.adapters.replay_postgres`). Installed from Debian's packages when missing (as root).
+services:
+	@if ! ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1; then \
+		if [ "$$(id -u)" = 0 ]; then \
+			apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql; \
+		else \
+			echo "no PostgreSQL server: install Debian's postgresql package (as root: make services)" >&2; exit 1; \
+		fi; \
+	fi
+
 # The whole suite: lint, types, then every test (unit, contract, integration on the selected broker).
-test: lint typecheck native-test
+test: lint typecheck native-test services
 	$(BIN)/pytest -q; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 # The integration suite again, on an Apache Kafka broker assembled from Maven Central (CI tier).
-test-kafka: $(STAMP)
+test-kafka: $(STAMP) services
 	PREFLIGHT_BROKER=kafka $(BIN)/pytest -q -m integration; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 # The whole system once on this machine: broker, worker, projector, agent sessions, the audit (see README).

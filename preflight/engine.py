@@ -23,7 +23,9 @@ from preflight.records import (
     AdmissionVerdict,
     C3Match,
     DefinitionGate,
+    ExecutionGate,
     ExecutionRecord,
+    ExecutionRefusalCode,
     FieldRecord,
     Fixed,
     IntentGate,
@@ -119,6 +121,48 @@ def _hold_without_gate(
         timestamp=now,
     )
     return Decided(record, Trace(started=started, gate_name=gate_name, gap_class=gap))
+
+
+MSG_EXECUTION_REFUSED = "This action was not carried out: its approval cannot be used again here. Nothing was done."
+
+
+def execution_refused(
+    *,
+    action_key: str | None,
+    tool_name: str | None,
+    code: ExecutionRefusalCode,
+    reason: str,
+    decision_id: str | None,
+    decided_run_id: str | None,
+    now: str,
+) -> Decided:
+    """The run that records a refused call of an `execute` decision (`execute_if_ready`): a `hold` under the
+    decision's action key whose gate names the decision and the refusal. An unmet condition: no question
+    to the user makes a spent, altered or unverifiable decision usable."""
+    gate = ExecutionGate(
+        kind="execution_refused",
+        code=code,
+        user_message=MSG_EXECUTION_REFUSED,
+        decision_id=decision_id,
+        decided_run_id=decided_run_id,
+        _diag={"reason": reason},
+    )
+    record = ExecutionRecord(
+        action_key=action_key,
+        phase=None,
+        fixed=None,
+        fields=None,
+        advisory_notes="",
+        user_checklist=[],
+        unknown_count=None,
+        unverified_checklist_count=None,
+        gate=gate,
+        execution_decision="hold",
+        reason=f"hold: execution refused ({code}): {reason}",
+        timestamp=now,
+    )
+    started = {**started_summary(None, None), "tool_name": tool_name}
+    return Decided(record, Trace(started=started, gate_name="execution", gap_class="unmet_condition"))
 
 
 def _json_list(raw: Any) -> list[Any]:

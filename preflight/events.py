@@ -31,7 +31,9 @@ GapClass = Literal[
     "unmet_condition",
     "internal_error",
 ]
-GateName = Literal["input", "checklist_ids", "intent", "tool", "tool_definition", "value", "admission", "backstop"]
+GateName = Literal[
+    "input", "checklist_ids", "intent", "tool", "tool_definition", "value", "admission", "execution", "backstop"
+]
 
 _EVENT_CONFIG = ConfigDict(frozen=True, extra="forbid")
 
