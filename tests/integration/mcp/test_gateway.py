@@ -7,11 +7,11 @@ import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from mcp import ClientSession, StdioServerParameters
-from mcp.types import CallToolResult
+from mcp.types import CallToolResult, RequestParamsMeta
 
 from gateway.server import Gateway
 from preflight import MemoryEventSink, rebuild_record
@@ -65,7 +65,7 @@ def runs_of(sink: MemoryEventSink) -> list[Any]:
 async def call(
     session: ClientSession, name: str, args: dict[str, Any], meta: dict[str, Any] | None = None
 ) -> CallToolResult:
-    return await session.call_tool(name, args, meta=meta)  # type: ignore[arg-type]
+    return await session.call_tool(name, args, meta=cast(RequestParamsMeta | None, meta))
 
 
 class TestToolsList:
