@@ -37,7 +37,7 @@ from preflight.ports import EventSink, Storage
 from preflight.protect import ValueProtector
 from preflight.signing import DecisionSigner
 
-__all__ = ["BearerAuth", "build_engine", "run_gateway", "serve_gateway"]
+__all__ = ["BearerAuth", "build_engine", "http_app", "run_gateway", "serve_gateway"]
 
 Transport = Literal["stdio", "http"]
 Scope = MutableMapping[str, Any]
@@ -105,6 +105,11 @@ def user_of_request(tokens: TokenFile) -> Callable[[ServerRequestContext[Any, An
     return user
 
 
+def http_app(gateway: Gateway, tokens: TokenFile, *, host: str = "127.0.0.1") -> ASGIApp:
+    """The gateway's streamable-HTTP ASGI app (at ``/mcp``), behind the bearer-token check."""
+    return BearerAuth(gateway.server().streamable_http_app(host=host), tokens)
+
+
 async def serve_gateway(
     gateway: Gateway,
     transport: Transport,
@@ -126,7 +131,7 @@ async def serve_gateway(
 
     if tokens is None:
         raise GatewaySettingsError("the HTTP gateway needs [gateway] tokens_file: every request must carry a token")
-    app = BearerAuth(server.streamable_http_app(host=host), tokens)
+    app = http_app(gateway, tokens, host=host)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")
     web = uvicorn.Server(config)
     if started is not None:

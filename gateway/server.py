@@ -37,6 +37,7 @@ from mcp.types import (
     ListToolsResult,
     PaginatedRequestParams,
     TextContent,
+    Tool,
 )
 
 from gateway.settings import GatewayConfig, GatewaySettingsError, SettingsFile
@@ -134,10 +135,13 @@ class Gateway:
             policy=config.policy_for(user),
             shadow=config.shadow,
             call_upstream=self.upstreams.call,
-            list_upstream=self.upstreams.list_tools,
+            list_upstream=self._listing,
         )
         ask = self._asker(ctx)
         return await run_call(guard, name, params.arguments, instruction, ask)
+
+    async def _listing(self, refresh: bool) -> list[Tool]:
+        return await self.upstreams.list_tools(refresh=refresh)
 
     def _asker(self, ctx: ServerRequestContext[Any, Any]) -> Ask | None:
         capable = ctx.session.check_client_capability(ClientCapabilities(elicitation=ElicitationCapability()))

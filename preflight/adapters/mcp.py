@@ -530,7 +530,7 @@ class GuardedSession:
         policy: CallPolicy | None = None,
         shadow: bool = False,
         call_upstream: CallUpstream | None = None,
-        list_upstream: Callable[[], Awaitable[Sequence[Tool | Mapping[str, Any]]]] | None = None,
+        list_upstream: Callable[[bool], Awaitable[Sequence[Tool | Mapping[str, Any]]]] | None = None,
         read_timeout_s: float | None = 60.0,
     ) -> None:
         if session is None and (call_upstream is None or list_upstream is None):
@@ -550,7 +550,7 @@ class GuardedSession:
         """The server's tools as `tools/list` gives them (cached; ``refresh=True`` lists again)."""
         if self._tools is None or refresh:
             if self._list_upstream is not None:
-                listed: Sequence[Tool | Mapping[str, Any]] = await self._list_upstream()
+                listed: Sequence[Tool | Mapping[str, Any]] = await self._list_upstream(refresh)
             else:
                 assert self.session is not None
                 listed = (await self.session.list_tools()).tools

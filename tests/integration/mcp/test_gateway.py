@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -211,3 +213,66 @@ class TestShadow:
         assert user.asked == []
         assert [r.execution_decision for r in runs_of(sink)] == ["ask_user"]
         assert {e.agent_id for e in sink.events} == {"test-client+shadow"}
+
+
+def fragile(tmp_path: Path, names: list[str]) -> tuple[Path, Path]:
+    """Settings for a gateway over the fragile test server, and the file that holds its tool list."""
+    tools = tmp_path / "tools.json"
+    tools.write_text(json.dumps(names))
+    entry = {"command": sys.executable, "args": [str(FRAGILE), str(tools)]}
+    return write_settings(tmp_path / "fragile.toml", servers={"fragile": entry}), tools
+
+
+FRAGILE = Path(__file__).resolve().parents[2] / "servers" / "fragile_server.py"
+
+
+class TestUpstreamFailures:
+    async def test_an_upstream_that_dies_mid_call_is_a_named_error_and_a_failed_record(self, tmp_path: Path) -> None:
+        path, _ = fragile(tmp_path, ["crash", "alpha"])
+        async with gateway_with_sink(path) as (gw, sink), client_of(gw, elicit=Scripted()) as session:
+            result = await call(session, "crash", {}, said("crash it"))
+            again = await call(session, "alpha", {}, said("alpha please"))
+        assert result.is_error is True and "the call failed" in result_text(result)
+        assert again.is_error is True
+        assert "not connected" in result_text(again) or "Connection closed" in result_text(again)
+        assert [r.execution_decision for r in runs_of(sink)] == ["failed", "failed"]
+
+    async def test_a_tool_list_that_changes_between_calls_is_answered_not_crashed(self, tmp_path: Path) -> None:
+        path, tools = fragile(tmp_path, ["alpha"])
+        async with gateway_with_sink(path) as (gw, sink), client_of(gw, elicit=Scripted()) as session:
+            first = await call(session, "alpha", {}, said("alpha please"))
+            write(tools, json.dumps(["beta"]))
+            gone = await call(session, "alpha", {}, said("alpha please"))
+            added = await call(session, "beta", {}, said("beta please"))
+            listed = [t.name for t in (await session.list_tools()).tools]
+        assert first.is_error is False and result_text(first) == "alpha ok"
+        assert gone.is_error is True
+        assert added.is_error is False and result_text(added) == "beta ok"
+        assert listed == ["beta"]
+        assert [r.execution_decision for r in runs_of(sink)] == ["executed", "failed", "executed"]
+
+
+class TestRestatement:
+    async def test_an_undetermined_tool_is_restated_through_elicitation(self, tmp_path: Path) -> None:
+        path, _ = fragile(tmp_path, ["alpha"])
+        user = Scripted([{"restatement": "run alpha on it"}])
+        async with gateway_with_sink(path) as (gw, sink), client_of(gw, elicit=user) as session:
+            result = await call(session, "alpha", {}, said("do the thing"))
+        assert result.is_error is False, result_text(result)
+        (question,) = user.asked
+        assert list(question.requested_schema["properties"]) == ["restatement"]
+        assert "alpha" not in question.message
+        assert [r.execution_decision for r in runs_of(sink)] == ["ask_user", "executed"]
+
+
+class TestChecklist:
+    async def test_a_checklist_item_from_the_settings_is_confirmed_by_the_user(self, tmp_path: Path) -> None:
+        path, _ = fragile(tmp_path, ["alpha"])
+        with path.open("a") as f:
+            f.write('\n[tools.alpha]\nchecklist = [{ id = "backup", description = "a backup was made today" }]\n')
+        user = Scripted([{"confirm:backup": True}])
+        async with gateway_with_sink(path) as (gw, _), client_of(gw, elicit=user) as session:
+            result = await call(session, "alpha", {}, said("alpha please"))
+        assert result.is_error is False, result_text(result)
+        (question,) = user.asked
+        assert question.requested_schema["properties"]["confirm:backup"]["type"] == "boolean"

@@ -146,7 +146,7 @@ class TestIdempotencyKey:
                 sent.append(meta)
                 return await session.call_tool(name, args)
 
-            async def listing() -> Any:
+            async def listing(refresh: bool) -> Any:
                 return (await session.list_tools()).tools
 
             storage, sink = MemoryStorage(), MemoryEventSink()
