@@ -118,14 +118,25 @@ class Preflight:
 
         A protected engine raises `preflight.protect.KeyStoreError` when the key store cannot give the
         user's key: nothing is then recorded, as nothing could be sealed."""
-        decided = await self._decide(input)
         user_id, agent_id = _ids(input)
-        return self._emit(decided, user_id, agent_id)
-
-    def _emit(self, decided: Decided, user_id: str | None, agent_id: str | None) -> ExecutionRecord:
-        """The decided run's record, carrying its events (sealed and signed as this engine does)."""
         run_id = str(uuid.uuid4())
-        sealer = self._sealer(user_id, run_id)
+        sealer = self._sealer(user_id, run_id)  # before deciding: the action key is its pseudonym
+        decided = await self._decide(input, sealer.pseudonym if sealer is not None else None)
+        return self._emit(decided, user_id, agent_id, run_id=run_id, sealer=sealer)
+
+    def _emit(
+        self,
+        decided: Decided,
+        user_id: str | None,
+        agent_id: str | None,
+        *,
+        run_id: str | None = None,
+        sealer: RunSealer | None = None,
+    ) -> ExecutionRecord:
+        """The decided run's record, carrying its events (sealed and signed as this engine does)."""
+        if run_id is None:
+            run_id = str(uuid.uuid4())
+            sealer = self._sealer(user_id, run_id)
         try:
             events, ref = run_events(
                 decided,
@@ -152,13 +163,13 @@ class Preflight:
             sealer.close()
         return decided.record.with_run_ref(ref, tuple(events))
 
-    async def _decide(self, raw: Any) -> Decided:
+    async def _decide(self, raw: Any, pseudonym: Callable[[str], str] | None = None) -> Decided:
         try:
             inp = raw if isinstance(raw, PreflightInput) else PreflightInput.model_validate(raw)
         except ValidationError as exc:
             return invalid_input(raw, exc, self._clock())
         try:
-            return await decide(self._hooks, inp, self._clock, self._load_baseline, self._admission)
+            return await decide(self._hooks, inp, self._clock, self._load_baseline, self._admission, pseudonym)
         except Exception as exc:
             checklist = inp.user_checklist if isinstance(inp.user_checklist, list) else []
             return backstop(exc, checklist, self._clock(), started_summary(None, inp))
