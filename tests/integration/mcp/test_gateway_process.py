@@ -20,6 +20,7 @@ from mcp.types import Implementation, RequestParamsMeta
 import queries
 from infra.brokers import Broker, create_topics, delete_topics
 from preflight.adapters.mcp import INSTRUCTION_META_KEY, result_text
+from preflight_audit.keys import protector
 from projections import Projector, log_end_offsets, open_database
 from projections.dlq import default_dead_letter_topic
 from projections.signatures import DecisionTrust
@@ -90,7 +91,9 @@ class TestGatewayProcess:
         await project_all(broker, events_topic, db, trust)
         con = open_database(db, read_only=True)
         try:
-            rows = queries.run(con, "provenance", action_key="u_01:git_status").dicts()
+            # A protected engine publishes the action key as a keyed pseudonym; compliance computes it.
+            published = protector(tmp_path / "keys").pseudonym("u_01:git_status", subject="u_01")
+            rows = queries.run(con, "provenance", action_key=published).dicts()
             gaps = queries.run(con, "gap_rates").dicts()
         finally:
             con.close()
