@@ -171,3 +171,23 @@ class TestShadow:
         assert outcome.result is not None and not outcome.result.is_error
         assert outcome.state is not None and outcome.state.execution_decision == "ask_user"
         assert any(e.event_type == "run_closed" for e in sink.events)
+
+
+class TestNeverMoreDangerous:
+    async def test_a_dry_run_edit_never_changes_the_file(
+        self, filesystem_params: StdioServerParameters, folder: Path
+    ) -> None:
+        """The model proposes `dryRun: true`; whatever the preflight decides, the file is never edited (a
+        dropped optional argument would turn the dry run into an edit)."""
+        target = folder / "a.txt"
+        args = {"path": str(target), "edits": [{"oldText": "beta", "newText": "BETA"}], "dryRun": True}
+        answers = {"edits": args["edits"], "dryRun": True}
+        async with mcp_session(filesystem_params) as session:
+            guard, _, _ = guarded(session, policy=CallPolicy({"edit_file": ToolPolicy(approved=True)}))
+            outcome = await guard.call_tool(
+                "edit_file", args, instruction=words(f"show me a dry run of editing {target}"), user_answers=answers
+            )
+        assert outcome.status in ("held", "executed"), outcome.reason
+        assert target.read_text() == "alpha\nbeta\ngamma\n"
+        if outcome.status == "executed":
+            assert outcome.result is not None and "BETA" in result_text(outcome.result)
