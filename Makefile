@@ -90,7 +90,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/freshness.py
 	$(BIN)/python bench/archive_queries.py
 	$(BIN)/python bench/verify.py
-	$(BIN)/python bench/gateway.py
+	$(BIN)/python bench/gateway_latency.py
 
 clean:
 	rm -rf $(VENV) $(NODE_SERVERS)/node_modules .mypy_cache .ruff_cache .pytest_cache build *.egg-info native/target
