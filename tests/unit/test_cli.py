@@ -462,6 +462,23 @@ class TestTokens:
             parse_tokens(inline, None)
         assert "0123456" not in str(caught.value)
 
+    def test_a_hash_in_a_token_is_part_of_it_wherever_it_is_configured(self, tmp_path: Path) -> None:
+        token = "an-analyst#token-0123456789"
+        file = tmp_path / "tokens"
+        file.write_text(f"# the analysts\n  # indented comment\nanalyst:{token}\n")
+        from_file, from_env = parse_tokens(None, file), parse_tokens(f"analyst:{token}", None)
+        assert from_file.role_of(token) == from_env.role_of(token) == "analyst"
+        assert from_file.role_of("an-analyst") is None and from_env.role_of("an-analyst") is None
+
+    @pytest.mark.parametrize("where", ["file", "env"])
+    def test_a_comment_after_a_token_is_refused_by_name(self, tmp_path: Path, where: str) -> None:
+        text = "analyst:an-analyst-token-0123456789  # the analyst"
+        file = tmp_path / "tokens"
+        file.write_text(text + "\n")
+        with pytest.raises(ConfigurationError, match="a comment goes on a line of its own") as caught:
+            parse_tokens(None, file) if where == "file" else parse_tokens(text, None)
+        assert "0123456" not in str(caught.value)
+
     def test_settings_read_them_as_a_secret(self, monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setenv("PREFLIGHT_API_TOKENS", "analyst:an-analyst-token-0123456789")
         settings = load_settings()
