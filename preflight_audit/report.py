@@ -28,6 +28,7 @@ __all__ = [
     "ID_COLUMNS",
     "JSON_COLUMNS",
     "TABLE_COLUMNS",
+    "csv_safe",
     "gap_by_day",
     "gap_by_tool",
     "gap_table",
@@ -37,6 +38,7 @@ __all__ = [
     "short",
     "to_csv",
     "to_json",
+    "write_csv",
     "write_gap_chart",
 ]
 
@@ -141,14 +143,34 @@ def to_json(name: str, result: queries.Result) -> str:
     return json.dumps(json_rows(name, result), ensure_ascii=False, indent=2)
 
 
-def to_csv(result: queries.Result) -> str:
-    """The rows as CSV with a header line (NULL is an empty field)."""
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(result.columns)
-    for row in result.rows:
-        writer.writerow([_cell(v) for v in row])
+#: What a spreadsheet reads as the start of a formula (``=HYPERLINK(...)``, ``+``, ``-``, ``@``) or of a
+#: cell break (tab, carriage return), at the start of a cell.
+_FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_safe(value: Any) -> str:
+    """One CSV cell as text a spreadsheet shows and never runs: a text that starts like a formula gets a
+    leading ``'`` (OWASP's advice for CSV injection); numbers stay numbers (``-5`` is not prefixed)."""
+    if isinstance(value, (bool, int, float, decimal.Decimal)):
+        return _cell(value)
+    text = _cell(value)
+    return "'" + text if text.startswith(_FORMULA_STARTS) else text
+
+
+def write_csv(columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    """Rows as CSV with a header line, every cell through `csv_safe` (NULL is an empty field). Every CSV
+    the project writes -- the command line's, the API's, the console's downloads -- is made here."""
+    buffer = io.StringIO(newline="")
+    writer = csv.writer(buffer, lineterminator="\r\n")  # RFC 4180; a cell holding either line break is quoted
+    writer.writerow([csv_safe(c) for c in columns])
+    for row in rows:
+        writer.writerow([csv_safe(v) for v in row])
     return buffer.getvalue()
+
+
+def to_csv(result: queries.Result) -> str:
+    """The rows as CSV with a header line (NULL is an empty field; see `write_csv`)."""
+    return write_csv(result.columns, result.rows)
 
 
 def short(value: Any, width: int = 8) -> str:
