@@ -10,14 +10,17 @@
 * ``GET /gap-rates[?from_day=YYYY-MM-DD][&to_day=...]`` -- instruction-gap vs action-definition-gap
   rates by day, tool and agent (query ``gap_rates``);
 * ``GET /integrity[?action_key=...]`` -- findings that should never exist (query ``integrity``);
-* ``GET /healthz`` -- 200 once the database opens at the current schema, else 503.
+* ``GET /healthz`` -- 200 once the database opens at the current schema, else 503; answered on the event
+  loop, never queued behind the queries in the thread pool, so it answers under load.
 
 Bad input is a 422 with FastAPI's usual body. Every answer is ``{"query", "params", "count", "columns",
 "rows"}``, each row an object keyed by column, values as JSON (field values decoded from their JSON).
 
 Who may call what: every route but ``/healthz`` (and the OpenAPI pages) needs ``Authorization: Bearer
-<token>``; the token's role comes from the settings (`preflight_audit.access.TokenTable`). No token or
-an unknown one is a 401 with ``WWW-Authenticate: Bearer``; a role the route does not admit a 403.
+<token>``, checked before the database is touched (an unauthenticated request learns nothing about it);
+no answer names a path of the server; the token's role comes from the settings
+(`preflight_audit.access.TokenTable`). No token or an unknown one is a 401 with ``WWW-Authenticate:
+Bearer``; a role the route does not admit a 403.
 Provenance and responsibility admit ``compliance`` and ``analyst`` and answer each in its view
 (`preflight_audit.access`): compliance gets values opened with the key store (``"erased"`` after an
 erasure), an analyst never gets a value -- a sealed one becomes its keyed token, a plaintext one a
@@ -32,6 +35,7 @@ the API reads what each committed batch wrote.
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
@@ -39,6 +43,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
+import anyio
+import anyio.to_thread
 import duckdb
 from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -52,6 +58,7 @@ from projections import ProjectionError, migrations, open_database
 
 __all__ = ["ROLES", "Caller", "QueryAnswer", "caller", "create_app", "requires"]
 
+_log = logging.getLogger(__name__)
 _MAX_ID = 256
 _BEARER = HTTPBearer(auto_error=False, description="a token from PREFLIGHT_API_TOKENS (role compliance or analyst)")
 
@@ -107,12 +114,12 @@ class QueryAnswer(BaseModel):
 
 class Health(BaseModel):
     status: str
-    database: str
     migrations: int = Field(description="the schema migrations the database is at")
 
 
 class _Database:
-    """The projection database, opened on first use; a cursor per request."""
+    """The projection database, opened on first use; a cursor per request. Its answers never name its
+    path (the server's log does)."""
 
     def __init__(self, path: Path, read_only: bool) -> None:
         self.path = path
@@ -120,16 +127,30 @@ class _Database:
         self._con: duckdb.DuckDBPyConnection | None = None
         self._lock = threading.Lock()
 
-    def cursor(self) -> duckdb.DuckDBPyConnection:
+    @property
+    def is_open(self) -> bool:
+        return self._con is not None
+
+    def open(self) -> None:
+        """Open it, if it is not open yet (503 when it cannot be)."""
         with self._lock:
-            if self._con is None:
-                if self.read_only and not self.path.is_file():
-                    raise HTTPException(status_code=503, detail=f"no projection database at {self.path} yet")
-                try:
-                    self._con = open_database(self.path, read_only=self.read_only)
-                except ProjectionError as exc:
-                    raise HTTPException(status_code=503, detail=f"projection database unavailable: {exc}") from exc
-            return self._con.cursor()
+            if self._con is not None:
+                return
+            if self.read_only and not self.path.is_file():
+                _log.warning("no projection database at %s yet", self.path)
+                raise HTTPException(status_code=503, detail="the projection database does not exist yet")
+            try:
+                self._con = open_database(self.path, read_only=self.read_only)
+            except ProjectionError as exc:
+                _log.warning("the projection database %s cannot be opened: %s", self.path, exc)
+                raise HTTPException(status_code=503, detail="the projection database cannot be opened yet") from exc
+
+    def cursor(self) -> duckdb.DuckDBPyConnection:
+        self.open()
+        con = self._con
+        if con is None:  # closed meanwhile (the app is stopping)
+            raise HTTPException(status_code=503, detail="the projection database is closed")
+        return con.cursor()
 
     def close(self) -> None:
         with self._lock:
@@ -138,8 +159,8 @@ class _Database:
                 con.close()
 
 
-def connection(request: Request) -> Iterator[duckdb.DuckDBPyConnection]:
-    """A cursor on the app's database for one request."""
+def connection(request: Request, who: Annotated[Caller, Depends(caller)]) -> Iterator[duckdb.DuckDBPyConnection]:
+    """A cursor on the app's database for one request -- only once the caller is known (401 first)."""
     database: _Database = request.app.state.database
     cursor = database.cursor()
     try:
@@ -166,7 +187,8 @@ def _answer(
     except queries.QueryParameterError as exc:
         raise HTTPException(status_code=422, detail=str(exc)) from exc
     except ProjectionError as exc:
-        raise HTTPException(status_code=503, detail=f"the query could not run: {exc}") from exc
+        _log.warning("query %s failed: %s", name, exc)
+        raise HTTPException(status_code=503, detail=f"the query {name} could not run (see the server's log)") from exc
     raw = report.json_rows(name, result)
     # Every answer goes through a view: the analyst's unless the caller holds the compliance role.
     rows = compliance_rows(name, raw, protector) if "compliance" in who.roles else analyst_rows(name, raw)
@@ -212,10 +234,16 @@ def create_app(
     app.state.database = db
     app.state.tokens = tokens if tokens is not None else TokenTable(())
 
+    # Health has a thread of its own for opening the database: it never waits behind the queries, which
+    # share the app's thread pool; once the database is open it answers on the event loop.
+    opening = anyio.CapacityLimiter(1)
+
     @app.get("/healthz", response_model=Health, tags=["operations"])
-    def healthz(con: Connection) -> Health:
+    async def healthz() -> Health:
         """200 once the projection database opens at the current schema (503 otherwise)."""
-        return Health(status="ok", database=str(db.path), migrations=len(migrations()))
+        if not db.is_open:
+            await anyio.to_thread.run_sync(db.open, limiter=opening)
+        return Health(status="ok", migrations=len(migrations()))
 
     @app.get("/provenance", response_model=QueryAnswer, tags=["compliance", "analyst"])
     def provenance(
