@@ -33,6 +33,7 @@ from typing import Any
 
 import httpx
 import pytest
+from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from infra.brokers import Broker, create_topics, delete_topics
@@ -564,7 +565,7 @@ class TestUnderLoad:
         import threading
         from concurrent.futures import ThreadPoolExecutor
 
-        app = projected.app()
+        app: FastAPI = projected.app()
         in_flight, release = threading.Semaphore(0), threading.Event()
 
         @app.get("/test-slow")
