@@ -37,7 +37,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,12 +47,15 @@ import anyio
 import anyio.to_thread
 import duckdb
 from fastapi import Depends, FastAPI, HTTPException, Query, Request
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import HTMLResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, Field
 
 import queries
 from preflight.protect import ValueProtector
-from preflight_audit import report
+from preflight_audit import console, report
 from preflight_audit.access import PROTECTION_COLUMN, ROLES, TokenTable, analyst_rows, compliance_rows
 from projections import ProjectionError, migrations, open_database
 
@@ -212,10 +215,12 @@ def create_app(
     read_only: bool = True,
     tokens: TokenTable | None = None,
     protector: ValueProtector | None = None,
+    ledger_keys: Sequence[Any] = (),
 ) -> FastAPI:
-    """The read API over the projection database at `database` (see the module doc). `tokens`: who may
-    call it (None or empty: nobody but ``/healthz``); `protector`: opens values for compliance (None:
-    sealed values answer ``"unreadable"``)."""
+    """The read API over the projection database at `database` (see the module doc), with the console at
+    ``/console/`` (`preflight_audit.console`). `tokens`: who may call it (None or empty: nobody but
+    ``/healthz``); `protector`: opens values for compliance (None: sealed values answer
+    ``"unreadable"``); `ledger_keys`: the ledger's public keys, for the console's "verify now"."""
     db = _Database(Path(database), read_only)
 
     @asynccontextmanager
@@ -230,9 +235,14 @@ def create_app(
         version="0.1.0",
         summary="Provenance, responsibility and gap rates from the preflight audit projections.",
         lifespan=lifespan,
+        docs_url=None,  # served below from local files: no CDN
+        redoc_url=None,
     )
     app.state.database = db
     app.state.tokens = tokens if tokens is not None else TokenTable(())
+    app.state.protector = protector
+    _offline_docs(app)
+    console.install(app, ledger_keys=ledger_keys)
 
     # Health has a thread of its own for opening the database: it never waits behind the queries, which
     # share the app's thread pool; once the database is open it answers on the event loop.
@@ -297,6 +307,24 @@ def create_app(
         return _answer(con, "integrity", {"action_key": action_key}, who, protector)
 
     return app
+
+
+def _offline_docs(app: FastAPI) -> None:
+    """``/docs``: Swagger UI from the files the ``swagger-ui-bundle`` package ships, served here (it
+    renders with no network: nothing is fetched from a CDN)."""
+    import swagger_ui_bundle
+
+    app.mount("/docs-assets", StaticFiles(directory=swagger_ui_bundle.swagger_ui_path), name="docs-assets")
+
+    @app.get("/docs", include_in_schema=False)
+    def docs() -> HTMLResponse:
+        return get_swagger_ui_html(
+            openapi_url="/openapi.json",
+            title=f"{app.title} - docs",
+            swagger_js_url="/docs-assets/swagger-ui-bundle.js",
+            swagger_css_url="/docs-assets/swagger-ui.css",
+            swagger_favicon_url="/docs-assets/favicon-32x32.png",
+        )
 
 
 def _described(params: dict[str, str | None]) -> str:

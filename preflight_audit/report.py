@@ -31,6 +31,7 @@ __all__ = [
     "csv_safe",
     "gap_by_day",
     "gap_by_tool",
+    "gap_roll_up",
     "gap_table",
     "json_rows",
     "jsonable",
@@ -207,7 +208,9 @@ def result_table(
 # ---- gap rates ---------------------------------------------------------------------------------------------
 
 
-def _roll_up(rows: Iterable[Mapping[str, Any]], by: str) -> list[dict[str, Any]]:
+def gap_roll_up(rows: Iterable[Mapping[str, Any]], by: str) -> list[dict[str, Any]]:
+    """The `gap_rates` rows (per day, tool and agent) summed per `by` -- ``tool``, ``agent_id`` or ``day``
+    -- each class's rate recomputed over the sums."""
     groups: dict[Any, dict[str, Any]] = {}
     for row in rows:
         key = row[by]
@@ -227,18 +230,18 @@ def _roll_up(rows: Iterable[Mapping[str, Any]], by: str) -> list[dict[str, Any]]
 
 def gap_by_tool(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """The `gap_rates` rows (per day, tool and agent) summed per tool, rates recomputed over the sums."""
-    return _roll_up(rows, "tool")
+    return gap_roll_up(rows, "tool")
 
 
 def gap_by_day(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """The `gap_rates` rows summed per day, rates recomputed over the sums."""
-    return _roll_up(rows, "day")
+    return gap_roll_up(rows, "day")
 
 
 def gap_table(rows: Sequence[Mapping[str, Any]], *, title: str) -> Table:
     """Per tool (and in total): runs, executes, and each gap class as ``count (rate)``."""
     per_tool = gap_by_tool(rows)
-    total = _roll_up([{**r, "tool": "all tools"} for r in rows], "tool")
+    total = gap_roll_up([{**r, "tool": "all tools"} for r in rows], "tool")
     table = Table(title=title, title_justify="left", header_style="bold")
     table.add_column("tool", no_wrap=True)
     table.add_column("runs", justify="right")
