@@ -310,11 +310,12 @@ def create_app(
 
 
 def _offline_docs(app: FastAPI) -> None:
-    """``/docs``: Swagger UI from the files the ``swagger-ui-bundle`` package ships, served here (it
-    renders with no network: nothing is fetched from a CDN)."""
-    import swagger_ui_bundle
+    """``/docs``: Swagger UI (5.x, which reads OpenAPI 3.1) from the files the ``fastapi-offline`` package
+    ships, served here: it renders with no network, nothing is fetched from a CDN."""
+    import fastapi_offline
 
-    app.mount("/docs-assets", StaticFiles(directory=swagger_ui_bundle.swagger_ui_path), name="docs-assets")
+    assets = Path(fastapi_offline.__file__).parent / "static"
+    app.mount("/docs-assets", StaticFiles(directory=assets), name="docs-assets")
 
     @app.get("/docs", include_in_schema=False)
     def docs() -> HTMLResponse:
@@ -323,7 +324,7 @@ def _offline_docs(app: FastAPI) -> None:
             title=f"{app.title} - docs",
             swagger_js_url="/docs-assets/swagger-ui-bundle.js",
             swagger_css_url="/docs-assets/swagger-ui.css",
-            swagger_favicon_url="/docs-assets/favicon-32x32.png",
+            swagger_favicon_url="/docs-assets/favicon.png",
         )
 
 

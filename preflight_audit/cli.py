@@ -167,19 +167,29 @@ def demo(
     ),
     sessions: Annotated[int, typer.Option(min=0, max=5000, help="generated sessions to play")] = 300,
     seed: Annotated[int, typer.Option(help="the generator's seed")] = 7,
+    serve_console: Annotated[
+        bool, typer.Option("--serve", help="then serve the console on the demo's data until Ctrl-C")
+    ] = False,
+    port: Annotated[
+        int | None, typer.Option("--port", min=0, max=65535, help="the console's port with --serve (0: any free one)")
+    ] = None,
 ) -> None:
     """Play the seed's cases and a few hundred agent sessions through the whole system, and show the audit.
 
     Starts the broker, the fold worker and the projector; plays the sessions through the real engine;
     prints one action's provenance, one decision's responsibility and the gap rates from the projections;
-    writes the gap-rate chart (and the database and logs) to --out; stops everything it started.
+    writes the gap-rate chart (and the database and logs) to --out; stops everything it started. With
+    --serve it then serves the compliance console on the demo's database and prints its URL and tokens.
     """
     from preflight_audit.demo import DemoOptions, run_demo
+    from preflight_audit.demo import serve_console as serve_demo_console
     from preflight_audit.services import interruptible
 
     settings = _settings(ctx)
     with interruptible():
-        run_demo(settings, DemoOptions(out=out, sessions=sessions, seed=seed), _out())
+        result = run_demo(settings, DemoOptions(out=out, sessions=sessions, seed=seed), _out())
+        if serve_console:
+            serve_demo_console(result, settings, _out(), port)
 
 
 # ---- query ------------------------------------------------------------------------------------------------
