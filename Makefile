@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv native native-test test test-kafka lint typecheck unit bench demo clean
+.PHONY: venv native native-test browser test test-kafka lint typecheck unit bench demo clean
 
 NATIVE_SOURCES := native/Cargo.toml native/Cargo.lock native/pyproject.toml native/src/lib.rs native/preflight_audit_native.pyi
 
@@ -43,8 +43,20 @@ native-test: $(STAMP)
 		PYO3_PYTHON=$(abspath $(BIN))/python cargo test --quiet --release --manifest-path native/Cargo.toml; \
 	fi
 
+# Debian's Chromium, for the console's browser tests (tests/integration/test_console.py, driven by Playwright
+# through its executable): installed when missing and this is root on a Debian machine; otherwise those tests
+# are skipped and say why (on CI, where CI is set, they fail instead).
+browser:
+	@if ! command -v chromium >/dev/null 2>&1; then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+		else \
+			echo "chromium is not installed and this is not root: the console's browser tests will be skipped" >&2; \
+		fi; \
+	fi
+
 # The whole suite: lint, types, then every test (unit, contract, integration on the selected broker).
-test: lint typecheck native-test
+test: lint typecheck native-test browser
 	$(BIN)/pytest -q; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 # The integration suite again, on an Apache Kafka broker assembled from Maven Central (CI tier).
