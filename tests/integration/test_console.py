@@ -21,6 +21,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -407,3 +408,76 @@ class TestDocs:
         expect(page.locator(".opblock-summary-path").first).to_be_visible()
         assert refused == []
         shot(page, "docs", 1280)
+
+
+# ---- an action with 10,000 runs -----------------------------------------------------------------------------
+
+CROWD = 10_000
+CROWD_TOKEN = "compliance-crowd-0123456789abcdef"
+
+
+async def _play_crowd(bootstrap: str, db: Path) -> None:
+    """The landlord asked once, then 9,999 months of inherited transfers: 10,000 runs of one action, played
+    by the real engine, published to a fresh topic and projected by the projector."""
+    from infra.brokers import create_topics, delete_topics
+    from preflight import MemoryStorage
+    from preflight.adapters.kafka import KafkaEventSink
+    from preflight_audit import scenarios
+    from projections import Projector, log_end_offsets
+
+    topic = f"it.console.crowd.{uuid.uuid4().hex[:10]}"
+    await create_topics(bootstrap, [topic], partitions=2)
+    try:
+        async with KafkaEventSink(bootstrap, topic) as sink:
+            world = scenarios.World(MemoryStorage(), sink)
+            seeds = scenarios.seed_sessions()
+            await scenarios.play(seeds["landlord: asked, answered, executed"], world)  # two runs
+            for _ in range(CROWD - 2):
+                await scenarios.play(seeds["landlord: next month, recipient inherited"], world)
+        async with Projector(db, bootstrap, topic, group_id="it-console-crowd") as projector:
+            ends = await log_end_offsets(bootstrap, topic, projector.partitions)
+            await projector.run_until(ends, timeout_s=DEMO_TIMEOUT_S)
+    finally:
+        await delete_topics(bootstrap, [topic])
+
+
+@pytest.fixture(scope="module")
+def crowded(broker: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The console over a database holding one action with 10,000 runs, served for real (its base URL)."""
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    from preflight_audit.access import parse_tokens
+    from preflight_audit.api import create_app
+    from tests.integration.test_api import _Running
+
+    db = tmp_path_factory.mktemp("crowd") / "crowd.duckdb"
+    with ThreadPoolExecutor(1) as thread:  # Playwright's sync API runs an event loop in this thread
+        thread.submit(asyncio.run, _play_crowd(broker.bootstrap_servers, db)).result()
+    app = create_app(db, tokens=parse_tokens(f"compliance:{CROWD_TOKEN}", None))
+    with _Running(app) as running:
+        yield running.base
+
+
+class TestACrowdedAction:
+    """An action with 10,000 runs is paged: each page answers, with its runs, and the last page too."""
+
+    def test_paged_never_frozen(self, browser: Browser, crowded: str) -> None:
+        page = open_page(browser, 1280)
+        page.goto(f"{crowded}/console/login?next=/console/action?key={LANDLORD_KEY}")
+        page.get_by_label("Token").fill(CROWD_TOKEN)
+        page.get_by_role("button", name="Sign in").click()
+        expect(page.get_by_role("heading", name=f"Action {LANDLORD_KEY}")).to_be_visible()
+        expect(page.locator("main")).to_contain_text(f"{CROWD:,}".replace(",", "") + " runs")
+        expect(page.locator(".timeline > .run")).to_have_count(20)
+        expect(page.locator(".pager").first).to_contain_text(f"page 1 of {CROWD // 20}")
+        page.get_by_role("link", name="next →").first.click()
+        expect(page.locator(".pager").first).to_contain_text(f"page 2 of {CROWD // 20}")
+        page.goto(f"{crowded}/console/action?key={LANDLORD_KEY}&page={CROWD // 20}")
+        expect(page.locator(".timeline > .run")).to_have_count(20)
+        steps = page.locator(".timeline > .run").last.get_attribute("data-steps")
+        assert steps == "inherited executed"
+        shot(page, "crowded-last-page", 1280)
+        beyond = page.goto(f"{crowded}/console/action?key={LANDLORD_KEY}&page={CROWD // 20 + 1}")
+        assert beyond is not None and beyond.status == 404
+        expect(page.get_by_role("heading", name="No such page")).to_be_visible()
