@@ -202,10 +202,11 @@ def _answer(
     return QueryAnswer(query=name, params=shown, count=len(rows), columns=columns, rows=rows)
 
 
-def _one_of(**given: str | None) -> dict[str, str | None]:
-    if all(v is None for v in given.values()):
-        names = " or ".join(given)
-        raise HTTPException(status_code=422, detail=f"give {names}")
+def _narrowed(name: str, **given: str | None) -> dict[str, str | None]:
+    """`given`, once the query's own rule (``-- require one of:``) is met; 422 otherwise."""
+    missing = queries.load(name).narrowing_missing(given)
+    if missing is not None:
+        raise HTTPException(status_code=422, detail=missing)
     return given
 
 
@@ -265,7 +266,7 @@ def create_app(
         """Each field's value, where the run read it and who supplied it, for an action_key or a run
         (an inherited value traced to the executed run that first supplied it). Compliance: values
         opened; analyst: tokens and markers, never a value."""
-        params = _one_of(action_key=action_key, run_id=run_id)
+        params = _narrowed("provenance", action_key=action_key, run_id=run_id)
         answer = _answer(con, "provenance", params, who, protector)
         if not answer.count:
             raise HTTPException(status_code=404, detail=f"no projected run with {_described(params)}")
@@ -280,7 +281,7 @@ def create_app(
     ) -> QueryAnswer:
         """Slot by slot, which party answered or blocked it and which gate decided, for an execute
         decision or a run. Compliance: values opened; analyst: tokens and markers, never a value."""
-        params = _one_of(decision_id=decision_id, run_id=run_id)
+        params = _narrowed("responsibility", decision_id=decision_id, run_id=run_id)
         answer = _answer(con, "responsibility", params, who, protector)
         if not answer.count:
             raise HTTPException(status_code=404, detail=f"no projected run with {_described(params)}")

@@ -583,7 +583,16 @@ def _print_summary(console: Console, result: DemoReport) -> None:
         f"{ERASED_USER}: {result.erased_generations} key generation(s) destroyed; compliance reads 'erased';"
         f" {result.plaintext_hits} plaintext hits in the database file",
     )
-    table.add_row("database", f"{result.database}  (try: preflight-audit query gap_rates --db {result.database})")
+    keys = result.out / "keys"
+    key = result.seeds[INHERITED].final.action_key if INHERITED in result.seeds else "..."
+    table.add_row(
+        "try",
+        f"preflight-audit query provenance -p action_key={key}"
+        f" --as compliance --key-dir {keys / 'values'} --db {result.database}\n"
+        f"preflight-audit verify --db {result.database} --public-key {keys / 'ledger.key.pub'}\n"
+        f"preflight-audit demo --serve (this, then the console on its data)",
+    )
+    table.add_row("database", str(result.database))
     table.add_row("chart", str(result.chart))
     stopped = [f"broker pid {result.broker_pid}" if result.broker_pid else f"broker {result.broker} (not ours)"]
     if result.worker_pid:

@@ -70,7 +70,10 @@ def export_parquet(
     :raises DatabaseError: when DuckDB cannot read a table or write a file.
     """
     ranged = since is not None or until is not None
-    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise DatabaseError(f"cannot write the export to {out_dir}: {exc.strerror or exc}") from exc
     written: list[Exported] = []
     try:
         tables = [str(name) for (name,) in con.execute(_TABLES).fetchall()]

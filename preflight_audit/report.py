@@ -13,7 +13,6 @@ import decimal
 import io
 import json
 import uuid
-from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,7 @@ __all__ = [
     "csv_safe",
     "gap_by_day",
     "gap_by_tool",
+    "gap_figure",
     "gap_roll_up",
     "gap_table",
     "json_rows",
@@ -247,7 +247,7 @@ def gap_table(rows: Sequence[Mapping[str, Any]], *, title: str) -> Table:
     table.add_column("runs", justify="right")
     table.add_column("executes", justify="right")
     for _, label in GAP_CLASSES:
-        table.add_column(label.replace(" ", "\n", 1) if len(label) > 12 else label, justify="right")
+        table.add_column(label.replace(" ", "\n", 1) if len(label) > 12 else label, justify="right", overflow="fold")
     for index, group in enumerate([*per_tool, *total]):
         cells = [str(group["tool"] or "(no tool)"), str(group["runs"]), str(group["executes"])]
         for column, _ in GAP_CLASSES:
@@ -258,18 +258,37 @@ def gap_table(rows: Sequence[Mapping[str, Any]], *, title: str) -> Table:
 
 
 def write_gap_chart(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
-    """Draw the gap rates to a PNG: per tool, each class's share of the runs; per day, the instruction-gap
-    and action-definition-gap rates. Returns `path`."""
+    """Draw the gap rates (`gap_figure`) to a PNG at `path`; returns `path`."""
+    import matplotlib.pyplot as plt
+
+    fig = gap_figure(rows)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=100)
+    finally:
+        plt.close(fig)
+    return path
+
+
+def gap_figure(rows: Sequence[Mapping[str, Any]]) -> Any:
+    """The gap-rate chart as a matplotlib figure (Agg), titled with the date range and the run count: per
+    tool (labelled with its run count), each class's share of the runs in percent; per day, every class's
+    rate in percent, each day labelled with its run count. Close it with ``plt.close``."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import PercentFormatter
 
     per_tool = gap_by_tool(rows)
     per_day = gap_by_day(rows)
-    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5.5), gridspec_kw={"width_ratios": [3, 2]})
+    days = [str(g["day"]) for g in per_day]
+    runs = sum(int(g["runs"]) for g in per_tool)
+    span = f"{days[0]} to {days[-1]} (UTC)" if days else "no runs"
+    fig, (left, right) = plt.subplots(1, 2, figsize=(14, 6), gridspec_kw={"width_ratios": [3, 2]})
     try:
-        tools = [str(g["tool"] or "(no tool)") for g in per_tool]
+        fig.suptitle(f"Why runs did not execute: gap classes, {span}, {runs} runs", fontsize=13, fontweight="bold")
+        tools = [f"{g['tool'] or '(no tool)'} ({g['runs']} run{'' if g['runs'] == 1 else 's'})" for g in per_tool]
         lefts = [0.0] * len(per_tool)
         for column, label in GAP_CLASSES:
             shares = [g[column.removesuffix("s") + "_rate"] for g in per_tool]
@@ -281,26 +300,23 @@ def write_gap_chart(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
         # Every ask_user and hold has a gap class: what is left of a tool's runs was deferred.
         left.barh(tools, [max(0.0, 1.0 - x) for x in lefts], left=lefts, label="deferred", color="#ececec")
         left.set_xlim(0, 1)
+        left.xaxis.set_major_formatter(PercentFormatter(1.0))
         left.set_xlabel("share of the tool's runs")
         left.set_title("What stopped each tool's runs")
         left.invert_yaxis()
-        left.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=4, fontsize="small", frameon=False)
+        left.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=4, fontsize="small", frameon=False)
 
-        days = [str(g["day"]) for g in per_day]
-        by_class: dict[str, list[float]] = defaultdict(list)
-        for g in per_day:
-            by_class["instruction gap"].append(g["instruction_gap_rate"])
-            by_class["action-definition gap"].append(g["action_definition_gap_rate"])
-        for label, values in by_class.items():
-            right.plot(days, values, marker="o", label=label)
+        for column, label in GAP_CLASSES:
+            right.plot(days, [g[column.removesuffix("s") + "_rate"] for g in per_day], marker="o", label=label)
         right.set_ylim(0, 1)
-        right.set_ylabel("rate over the day's runs")
-        right.set_title("Instruction gap vs action-definition gap, by day")
-        right.tick_params(axis="x", labelrotation=45)
+        right.yaxis.set_major_formatter(PercentFormatter(1.0))
+        right.set_ylabel("share of the day's runs")
+        right.set_title("Every gap class, by day")
+        right.set_xticks(range(len(days)), [f"{d}\n{g['runs']} runs" for d, g in zip(days, per_day, strict=True)])
+        right.tick_params(axis="x", labelrotation=45, labelsize="small")
         right.legend(loc="upper right", fontsize="small")
         fig.tight_layout()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=100)
-    finally:
+    except BaseException:
         plt.close(fig)
-    return path
+        raise
+    return fig
