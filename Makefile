@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv native native-test browser test test-kafka lint typecheck unit bench demo clean
+.PHONY: venv native native-test services browser test test-kafka lint typecheck unit bench demo clean
 
 NATIVE_SOURCES := native/Cargo.toml native/Cargo.lock native/pyproject.toml native/src/lib.rs native/preflight_audit_native.pyi
 
@@ -43,6 +43,17 @@ native-test: $(STAMP)
 		PYO3_PYTHON=$(abspath $(BIN))/python cargo test --quiet --release --manifest-path native/Cargo.toml; \
 	fi
 
+# System packages the tests start for real: a PostgreSQL server (the replay store engines on several hosts
+# share, `preflight.adapters.replay_postgres`). Installed from Debian's packages when missing (as root).
+services:
+	@if ! ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1; then \
+		if [ "$$(id -u)" = 0 ]; then \
+			apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql; \
+		else \
+			echo "no PostgreSQL server: install Debian's postgresql package (as root: make services)" >&2; exit 1; \
+		fi; \
+	fi
+
 # Debian's Chromium, for the console's browser tests (tests/integration/test_console.py, driven by Playwright
 # through its executable): installed when missing and this is root on a Debian machine; otherwise those tests
 # are skipped and say why (on CI, where CI is set, they fail instead).
@@ -56,11 +67,11 @@ browser:
 	fi
 
 # The whole suite: lint, types, then every test (unit, contract, integration on the selected broker).
-test: lint typecheck native-test browser
+test: lint typecheck native-test services browser
 	$(BIN)/pytest -q; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 # The integration suite again, on an Apache Kafka broker assembled from Maven Central (CI tier).
-test-kafka: $(STAMP)
+test-kafka: $(STAMP) services browser
 	PREFLIGHT_BROKER=kafka $(BIN)/pytest -q -m integration; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 # The whole system once on this machine: broker, worker, projector, agent sessions, the audit (see README).

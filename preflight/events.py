@@ -31,7 +31,9 @@ GapClass = Literal[
     "unmet_condition",
     "internal_error",
 ]
-GateName = Literal["input", "checklist_ids", "intent", "tool", "tool_definition", "value", "admission", "backstop"]
+GateName = Literal[
+    "input", "checklist_ids", "intent", "tool", "tool_definition", "value", "admission", "execution", "backstop"
+]
 
 _EVENT_CONFIG = ConfigDict(frozen=True, extra="forbid")
 
@@ -81,13 +83,19 @@ class FixedChecklistResolved(Envelope):
 
 
 class ToolMatchDecided(Envelope):
-    """The tool gate's verdict on the selected tool, and the key and phase it settles."""
+    """The tool gate's verdict on the selected tool, and the key and phase it settles.
+
+    `readable_action_key` is the adopter's action key as `build_action_key` returned it, present (sealed)
+    only in a protected run, whose published `action_key` is its keyed pseudonym (`preflight.protect`);
+    an unprotected run publishes the readable key itself and writes the event without this member.
+    """
 
     event_type: Literal["tool_match_decided"] = "tool_match_decided"
     tool_name: str
     approved: bool
     reason: str | None
     phase: Literal["at_instruction", "at_trigger"]
+    readable_action_key: str | None = Field(default=None, exclude_if=lambda value: value is None)
 
 
 class FieldResolved(Envelope):

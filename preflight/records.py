@@ -21,11 +21,12 @@ from pydantic import (
     model_serializer,
 )
 
-RECORD_SCHEMA_VERSION = "1.10"
+RECORD_SCHEMA_VERSION = "1.11"
 """Record shape version. 1.8 is the reference skeleton's last shape (c2_source, c3_match,
 lookup_failed); 1.9 adds the `tool_definition_incomplete` gate kind for a tool whose input schema
 never arrived; 1.10 adds the admission gate and the optional `admission` verdict (SPEC §4), present
-only on runs an engine built with `require_approval=True` assessed."""
+only on runs an engine built with `require_approval=True` assessed; 1.11 adds the `execution_refused` gate
+kind: a recorded `execute` decision that `execute_if_ready` refused to act on (replayed, altered, ...)."""
 
 UNKEYED_RECORD_KEY = "__preflight_unkeyed__"
 
@@ -210,6 +211,37 @@ class AdmissionVerdict(BaseModel):
         return _drop_none(handler(self), ("missing_arguments", "effect_status"))
 
 
+ExecutionRefusalCode = Literal[
+    "not_execute",
+    "state_unrecorded",
+    "state_altered",
+    "tool_mismatch",
+    "decision_unverified",
+    "decision_replayed",
+    "replay_store_unavailable",
+]
+
+
+class ExecutionGate(BaseModel):
+    """`execute_if_ready` refused to act on a recorded `execute` decision: nothing was called.
+
+    `code` says why (`decision_replayed`: another call already claimed it; `decision_unverified`: its
+    signature, key or validity period fails; `state_altered`: the state is not the decision recorded;
+    `state_unrecorded`: no trusted record of it; `tool_mismatch`: another tool was given;
+    `replay_store_unavailable`: no claim could be made). Recorded as a run of its own, under the decision's
+    action key, so that an attempt to execute a decision twice is in the log like any other hold.
+    """
+
+    model_config = _MODEL_CONFIG
+
+    kind: Literal["execution_refused"]
+    code: ExecutionRefusalCode
+    user_message: str
+    decision_id: str | None
+    decided_run_id: str | None
+    diag: dict[str, JsonValue] = Field(alias="_diag")
+
+
 def _gate_tag(value: Any) -> str:
     kind = value.get("kind") if isinstance(value, dict) else getattr(value, "kind", None)
     if kind in ADMISSION_GATE_KINDS:
@@ -220,6 +252,8 @@ def _gate_tag(value: Any) -> str:
         return "tool"
     if kind == "tool_definition_incomplete":
         return "definition"
+    if kind == "execution_refused":
+        return "execution"
     return "value"
 
 
@@ -228,7 +262,8 @@ Gate = Annotated[
     | Annotated[IntentGate, Tag("intent")]
     | Annotated[ToolGate, Tag("tool")]
     | Annotated[DefinitionGate, Tag("definition")]
-    | Annotated[AdmissionGate, Tag("admission")],
+    | Annotated[AdmissionGate, Tag("admission")]
+    | Annotated[ExecutionGate, Tag("execution")],
     Discriminator(_gate_tag),
 ]
 
