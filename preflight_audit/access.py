@@ -41,6 +41,7 @@ __all__ = [
     "MIN_TOKEN_LENGTH",
     "PROTECTION_COLUMN",
     "ROLES",
+    "SEALED_TEXTS",
     "UNREADABLE",
     "VALUE_CELLS",
     "TokenTable",
@@ -147,6 +148,17 @@ def parse_tokens(inline: str | None, file: Path | None) -> TokenTable:
 VALUE_CELLS: dict[str, dict[str, str]] = {
     "provenance": {"value": "value", "note": "note", "value_sealed": "value"},
     "responsibility": {"answer": "value", "detail": "note"},
+}
+
+#: Per query, the columns that hold a sealed text of the run's (the user's words about the act, a reason
+#: that may quote them) -- column -> the protected slots it may have been sealed under. Compliance reads them
+#: opened; an analyst, as any sealed cell, as its token.
+SEALED_TEXTS: dict[str, dict[str, tuple[str, ...]]] = {
+    "runs_search": {
+        "readable_action_key": ("readable_action_key",),
+        "c2_user_action_name": ("fixed/c2_user_action_name",),
+        "reason": ("reason", "outcome/reason"),
+    },
 }
 
 #: Detail texts the `responsibility` query writes itself (never a value).
@@ -286,8 +298,11 @@ def compliance_rows(
             shown[column] = opened
             if kind == "value":
                 protection = status
+        texts = SEALED_TEXTS.get(query, {})
         for column, value in list(shown.items()):
-            if column not in cells:
+            if column in texts and sealed_in(value) is not None:
+                shown[column] = opener.open(sealed_in(value), row.get("run_id"), texts[column])[0]
+            elif column not in cells:
                 shown[column] = _walk(value, lambda sealed: UNREADABLE)
         out.append(shown | ({PROTECTION_COLUMN: protection} if cells else {}))
     return out

@@ -1,7 +1,9 @@
 -- runs_search: the runs that match every filter given -- one run, an action_key, a part of an action
 -- key, a user, an agent, a tool, a decision or outcome, a time range of when they started -- one page
 -- of them, in log order or newest first, each with the gate that stopped it (what was missing) and how
--- many runs match in all. The console's search and each action's timeline.
+-- many runs match in all. The console's search and each action's timeline. The action key is the one
+-- published (a protected engine's is a keyed pseudonym, `ak1.<hex>`); `readable_action_key` is the
+-- adopter's own, sealed (NULL for an unprotected run, whose action_key is readable).
 -- param run_id VARCHAR optional: only this run
 -- param action_key VARCHAR optional: only runs under this action_key
 -- param key_contains VARCHAR optional: only runs whose action_key contains this text
@@ -17,7 +19,8 @@
 WITH
 matched AS (
     SELECT r.run_id, r.action_key, r.user_id, r.agent_id, r.tool, r.decision, r.outcome, r.gap_class, r.reason,
-           r.started_at, r.outcome_at, r.decision_id, r.phase, r.c2_user_action_name, r.partition, r."offset",
+           r.started_at, r.outcome_at, r.decision_id, r.phase, r.c2_user_action_name, r.readable_action_key,
+           r.partition, r."offset",
            count(*) OVER () AS total
     FROM runs AS r
     WHERE ($run_id IS NULL OR r.run_id = $run_id)
@@ -36,7 +39,7 @@ matched AS (
 )
 SELECT m.run_id, m.action_key, m.user_id, m.agent_id, m.tool, m.decision, m.outcome, m.gap_class,
        g.gate_name, g.kind AS gate_kind, g.unknown_fields, g.unverified_items, m.reason, m.started_at,
-       m.outcome_at, m.decision_id, m.phase, m.c2_user_action_name, m.total
+       m.outcome_at, m.decision_id, m.phase, m.c2_user_action_name, m.readable_action_key, m.total
 FROM matched AS m
 LEFT JOIN gate_decisions AS g ON g.run_id = m.run_id
 ORDER BY

@@ -26,6 +26,7 @@ __all__ = [
     "TimeRangeError",
     "gap_chart",
     "gate_in_words",
+    "key_label",
     "parse_time",
     "run_steps",
     "shown_value",
@@ -172,6 +173,19 @@ def run_steps(run: Mapping[str, Any], fields: Sequence[Mapping[str, Any]]) -> li
     elif outcome == "failed":
         steps.append(Step("failed", "the tool call failed"))
     return steps
+
+
+def key_label(run: Mapping[str, Any]) -> str:
+    """How a page names a run's action: the adopter's readable key when the viewer may read it (compliance,
+    opened), else the published key (a protected engine's keyed pseudonym ``ak1.<hex>``), marked "erased"
+    once the user's key is gone."""
+    published = str(run.get("action_key") or "")
+    readable = run.get("readable_action_key")
+    if isinstance(readable, str) and readable not in ("erased", "unreadable"):
+        return readable
+    if readable == "erased":
+        return f"{published} (erased)"
+    return published
 
 
 def shown_value(cell: Any, protection: str | None = None) -> tuple[str, str]:

@@ -57,6 +57,7 @@ _SECURITY_HEADERS = {
 
 templates = Jinja2Templates(directory=str(HERE / "templates"))
 templates.env.globals["shown_value"] = pages.shown_value
+templates.env.globals["key_label"] = pages.key_label
 templates.env.filters["short"] = report.short
 
 
@@ -242,6 +243,7 @@ _SEARCH_COLUMNS = (
     "decision",
     "outcome",
     "gap_class",
+    "readable_action_key",
 )
 DECISIONS = ("execute", "ask_user", "hold", "deferred", "executed", "failed")
 

@@ -114,6 +114,20 @@ def _wait_for_console(process: subprocess.Popen[str], log: Path) -> dict[str, st
 
 
 @pytest.fixture(scope="module")
+def landlord(served: Served) -> str:
+    """The landlord's action as the demo's protected engine published it (a keyed pseudonym of
+    LANDLORD_KEY: its user, u_01, is the only one with transfers in the demo)."""
+    con = open_database(served.database, read_only=True)
+    try:
+        rows = queries.run(con, "runs_search", user_id="u_01", tool="bank.transfer").dicts()
+    finally:
+        con.close()
+    keys = {r["action_key"] for r in rows}
+    assert len(keys) == 1 and next(iter(keys)).startswith("ak1."), keys
+    return str(next(iter(keys)))
+
+
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
     with sync_playwright() as playwright:
         launched = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
@@ -152,15 +166,18 @@ class TestTheStory:
     """A reviewer finds the landlord's transfer and follows its recipient from the answer to the inheritance."""
 
     @pytest.mark.parametrize("width", WIDTHS)
-    def test_a_reviewer_follows_the_landlord_transfer(self, browser: Browser, served: Served, width: int) -> None:
+    def test_a_reviewer_follows_the_landlord_transfer(
+        self, browser: Browser, served: Served, landlord: str, width: int
+    ) -> None:
         page = open_page(browser, width)
         sign_in(page, served, served.compliance)
         expect(page.get_by_role("heading", name="Search runs")).to_be_visible()
-        page.get_by_label("Action key (or part)").fill("landlord")
         page.get_by_label("User").fill("u_01")
+        page.get_by_label("Tool").fill("bank.transfer")
         page.get_by_role("button", name="Search").click()
-        page.get_by_role("link", name=LANDLORD_KEY).first.click()
-        expect(page.get_by_role("heading", name=f"Action {LANDLORD_KEY}")).to_be_visible()
+        page.locator(f'table.runs a[title="{landlord}"]').first.click()
+        # u_01 was erased at the end of the demo: the readable key is gone, the published pseudonym stays
+        expect(page.get_by_role("heading", name=f"Action {landlord} (erased)")).to_be_visible()
         runs = page.locator(".timeline > .run")
         steps = runs.evaluate_all("items => items.map(i => i.dataset.steps)")
         answered = steps.index("answered executed")
@@ -188,9 +205,9 @@ class TestTheStory:
         no_horizontal_overflow(page)
         shot(page, "run-answered", width)
 
-    def test_the_timeline_is_navigable_by_keyboard(self, browser: Browser, served: Served) -> None:
+    def test_the_timeline_is_navigable_by_keyboard(self, browser: Browser, served: Served, landlord: str) -> None:
         page = open_page(browser, 1280)
-        sign_in(page, served, served.compliance, then=f"/console/action?key={LANDLORD_KEY}")
+        sign_in(page, served, served.compliance, then=f"/console/action?key={landlord}")
         runs = page.locator(".timeline > .run")
         assert runs.count() >= 3
         runs.nth(0).focus()
@@ -221,6 +238,7 @@ class TestViews:
         page = open_page(browser, 1280)
         self._approval_run(page, served, served.compliance)
         expect(page.locator('tr[data-field="to_account"] .v-value').first).to_have_text(U08_RECIPIENT)
+        expect(page.locator("h1")).to_contain_text("u_08:bank.transfer")  # the readable key, opened
         shot(page, "compliance-values", 1280)
 
     @pytest.mark.parametrize("width", WIDTHS)
@@ -233,24 +251,27 @@ class TestViews:
             values.all_text_contents()
         )
         assert U08_RECIPIENT not in page.content()
+        expect(page.locator("h1")).to_contain_text("ak1.")  # the published pseudonym, never the user's words
+        assert "u_08:bank.transfer" not in page.content()
         expect(page.get_by_role("link", name="Integrity")).to_have_count(0)  # not the analyst's
         no_horizontal_overflow(page)
         shot(page, "analyst-tokens", width)
 
-    def test_an_erased_subject_reads_erased(self, browser: Browser, served: Served) -> None:
+    def test_an_erased_subject_reads_erased(self, browser: Browser, served: Served, landlord: str) -> None:
         page = open_page(browser, 1280)
-        sign_in(page, served, served.compliance, then=f"/console/action?key={LANDLORD_KEY}")
+        sign_in(page, served, served.compliance, then=f"/console/action?key={landlord}")
         erased = page.locator(".v-erased")
         assert erased.count() >= 3
         assert set(erased.all_text_contents()) == {"erased"}
         assert "2200119" not in page.content()  # u_01's recipient, erased by the demo
+        assert "landlord" not in page.content()  # and their words about the act
         shot(page, "erased", 1280)
 
 
 class TestAccess:
-    def test_no_token_leads_to_the_login_page(self, browser: Browser, served: Served) -> None:
+    def test_no_token_leads_to_the_login_page(self, browser: Browser, served: Served, landlord: str) -> None:
         page = open_page(browser, 390)
-        page.goto(f"{served.base}/console/action?key={LANDLORD_KEY}")
+        page.goto(f"{served.base}/console/action?key={landlord}")
         expect(page).to_have_url(re.compile(r"/console/login\?next="))
         expect(page.get_by_role("heading", name="Sign in to the console")).to_be_visible()
         page.get_by_label("Token").fill("not-a-token-this-console-knows")
@@ -258,7 +279,7 @@ class TestAccess:
         expect(page.get_by_role("alert")).to_contain_text("not one this console knows")
         page.get_by_label("Token").fill(served.analyst)
         page.get_by_role("button", name="Sign in").click()  # back where it was going
-        expect(page.get_by_role("heading", name=f"Action {LANDLORD_KEY}")).to_be_visible()
+        expect(page.get_by_role("heading", name=f"Action {landlord}")).to_be_visible()
         shot(page, "login-then-action", 390)
 
     def test_a_wrong_role_gets_a_403_page(self, browser: Browser, served: Served) -> None:
@@ -343,6 +364,7 @@ class TestBadInput:
             ("/console/gaps?from=2025-13-01", 422, "YYYY-MM-DD"),
             ("/console/action?key=u_01%27%20OR%20%271%27=%271", 404, "No such action"),
             ("/console/?action_key=%27%3B%20DROP%20TABLE%20runs%3B%20--", 200, "0 runs"),
+            ("/console/?decision=drop", 422, "is none of"),
             ("/console/action?key=" + "k" * 300, 422, "at most 256"),
         ],
     )
@@ -359,15 +381,17 @@ class TestBadInput:
         page = open_page(browser, 1280)
         sign_in(page, served, served.compliance, then="/console/?action_key=x%27%29%20OR%201%3D1%20--")
         expect(page.get_by_role("heading", name="0 runs")).to_be_visible()
-        page.goto(f"{served.base}/console/?action_key=landlord")
+        page.goto(f"{served.base}/console/?user=u_01")
         expect(page.locator("table.runs tbody tr").first).to_be_visible()
         shot(page, "search", 1280)
 
 
 class TestDownloads:
-    def test_a_table_as_csv_and_a_range_as_parquet(self, browser: Browser, served: Served, tmp_path: Path) -> None:
+    def test_a_table_as_csv_and_a_range_as_parquet(
+        self, browser: Browser, served: Served, landlord: str, tmp_path: Path
+    ) -> None:
         page = open_page(browser, 1280)
-        sign_in(page, served, served.compliance, then=f"/console/action?key={LANDLORD_KEY}")
+        sign_in(page, served, served.compliance, then=f"/console/action?key={landlord}")
         with page.expect_download() as csv_download:
             page.get_by_role("link", name="Fields as CSV").click()
         csv_path = tmp_path / "fields.csv"

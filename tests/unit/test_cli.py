@@ -273,45 +273,40 @@ class TestQuery:
 
 
 @pytest.fixture(scope="module")
-def sealed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+def sealed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, str]:
     """The seed's cases played with values sealed per user, projected into a fresh file; and the keys."""
     base = tmp_path_factory.mktemp("sealed")
     keys, sink = base / "keys", MessageSink()
     world = scenarios.World(MemoryStorage(), sink, protector=ValueProtector(FileKeyStore(keys)))
 
-    async def play() -> None:
-        for s in scenarios.seed_sessions().values():
-            await scenarios.play(s, world)
+    async def play() -> dict[str, scenarios.SessionResult]:
+        return {name: await scenarios.play(s, world) for name, s in scenarios.seed_sessions().items()}
 
-    asyncio.run(play())
+    played = asyncio.run(play())
     project(base / "sealed.duckdb", sink.messages)
-    return base / "sealed.duckdb", keys
+    return base / "sealed.duckdb", keys, played[INHERITED].final.run_id
 
 
 class TestQueryViews:
     """`query --as analyst|compliance`: the API's role views over sealed values; never an envelope printed."""
 
-    KEY = "u_01:bank.transfer:send-money-to-my-landlord"
-
-    def test_the_default_is_the_analyst_view(self, sealed: tuple[Path, Path]) -> None:
-        db, _ = sealed
+    def test_the_default_is_the_analyst_view(self, sealed: tuple[Path, Path, str]) -> None:
+        db, _, run = sealed
         for output in ("table", "json", "csv"):
-            result = invoke("query", "provenance", "-p", f"action_key={self.KEY}", "-f", output, "--db", str(db))
+            result = invoke("query", "provenance", "-p", f"run_id={run}", "-f", output, "--db", str(db))
             assert result.exit_code == 0, result.stderr
             assert "2200119" not in result.stdout and "ciphertext" not in result.stdout, output
             assert "tk1." in result.stdout, output  # the keyed token stands for the value
-        rows = json.loads(
-            invoke("query", "provenance", "-p", f"action_key={self.KEY}", "-f", "json", "--db", str(db)).stdout
-        )
+        rows = json.loads(invoke("query", "provenance", "-p", f"run_id={run}", "-f", "json", "--db", str(db)).stdout)
         assert {r["value_protection"] for r in rows if r["status"] == "known"} == {"sealed"}
 
-    def test_compliance_reads_values_then_erased(self, sealed: tuple[Path, Path], tmp_path: Path) -> None:
-        db, keys = sealed
+    def test_compliance_reads_values_then_erased(self, sealed: tuple[Path, Path, str], tmp_path: Path) -> None:
+        db, keys, run = sealed
         args = (
             "query",
             "provenance",
             "-p",
-            f"action_key={self.KEY}",
+            f"run_id={run}",
             "-f",
             "json",
             "--as",
@@ -329,13 +324,13 @@ class TestQueryViews:
         values = {r["value"] for r in json.loads(erased.stdout) if r["status"] == "known"}
         assert values == {"erased"} and "2200119" not in erased.stdout
 
-    def test_values_that_do_not_open_are_named(self, sealed: tuple[Path, Path], tmp_path: Path) -> None:
-        db, _ = sealed
+    def test_values_that_do_not_open_are_named(self, sealed: tuple[Path, Path, str], tmp_path: Path) -> None:
+        db, _, run = sealed
         result = invoke(
             "query",
             "provenance",
             "-p",
-            f"action_key={self.KEY}",
+            f"run_id={run}",
             "--as",
             "compliance",
             "--key-dir",
