@@ -90,6 +90,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/lookup_runs.py
 	$(BIN)/python bench/freshness.py
 	$(BIN)/python bench/archive_queries.py
+	$(BIN)/python bench/console_page.py
 	$(BIN)/python bench/verify.py
 
 clean:

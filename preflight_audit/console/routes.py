@@ -365,8 +365,9 @@ def action(
         )
     story = []
     all_fields: list[dict[str, Any]] = []
+    fields_of = _fields_of(con, key, int(runs[0]["total"]))
     for run in runs:
-        fields = who.rows("provenance", _run(con, "provenance", run_id=run["run_id"]))
+        fields = who.rows("provenance", fields_of(str(run["run_id"])))
         all_fields += fields
         story.append(
             {"run": run, "fields": fields, "steps": pages.run_steps(run, fields), "gate": pages.gate_in_words(run)}
@@ -378,6 +379,22 @@ def action(
     return _page(
         request, "action.html", who=who, key=key, story=story, page=paging, query=urllib.parse.urlencode({"key": key})
     )
+
+
+#: Up to this many runs under one key, a page reads the fields of all of them with one `provenance` query
+#: (an index lookup of the key: ~20 ms on a 1M-event archive against ~7-15 ms per run asked alone) and
+#: keeps its own runs'; above it, one query per run of the page (the key's rows are many).
+_ONE_QUERY_RUNS = 500
+
+
+def _fields_of(con: duckdb.DuckDBPyConnection, key: str, total: int) -> Callable[[str], list[dict[str, Any]]]:
+    """How a page of `key`'s timeline gets each run's fields (query ``provenance``, see `_ONE_QUERY_RUNS`)."""
+    if total > _ONE_QUERY_RUNS:
+        return lambda run_id: _run(con, "provenance", action_key=key, run_id=run_id)
+    by_run: dict[str, list[dict[str, Any]]] = {}
+    for row in _run(con, "provenance", action_key=key):
+        by_run.setdefault(str(row["run_id"]), []).append(row)
+    return lambda run_id: by_run.get(run_id, [])
 
 
 # ---- a run, and the responsibility of its decision --------------------------------------------------------
