@@ -6,6 +6,7 @@
 -- that is not is reported by `integrity` as `baseline_of_another_key`, and here as not projected): the
 -- fields and runs of the given key (an index lookup), else of the given run's key (a filtered scan),
 -- else all of them, are read once (`fields`, `all_runs`) for every join that follows.
+-- require one of: action_key, run_id
 -- param action_key VARCHAR optional: only runs under this action_key
 -- param run_id VARCHAR optional: only this run
 WITH RECURSIVE

@@ -167,14 +167,24 @@ class TestNamesAndParameters:
     """Every named query declares exactly the parameters its SQL uses, and runs with them."""
 
     def test_the_named_queries(self) -> None:
-        assert queries.names() == ["gap_rates", "integrity", "provenance", "reask_loops", "responsibility"]
+        assert queries.names() == [
+            "dead_letters",
+            "gap_rates",
+            "id_prefix",
+            "integrity",
+            "provenance",
+            "reask_loops",
+            "responsibility",
+            "runs_search",
+        ]
 
     @pytest.mark.parametrize("name", queries.names())
     def test_declared_parameters_are_the_used_ones(self, name: str, con: duckdb.DuckDBPyConnection) -> None:
         query = queries.load(name)
         assert set(query.param_names) == queries.body_parameters(query.sql)
         assert query.summary and all(p.doc for p in query.params)
-        result = queries.run(con, name, **dict.fromkeys(query.param_names))
+        required = {p.name: "0" for p in query.params if not p.optional}
+        result = queries.run(con, name, **(dict.fromkeys(query.param_names) | required))
         assert result.columns and len(set(result.columns)) == len(result.columns)
 
     def test_an_undeclared_or_mistyped_parameter_is_refused(self, con: duckdb.DuckDBPyConnection) -> None:
@@ -419,3 +429,58 @@ class TestIntegrity:
         assert inherited == same
         assert (same["inherited_from_run_id"], same["first_supplied_in_run_id"]) == (projected.runs["A2"],) * 2
         assert same["supplied_by_detail"] == "unknown: the run that first supplied it is not projected (inherited)"
+
+
+class TestRunsSearch:
+    """`runs_search`: every filter narrows, a page is a page, the total counts every match."""
+
+    def test_by_action_key_in_log_order(self, con: duckdb.DuckDBPyConnection, projected: Log) -> None:
+        a1 = run(con, "runs_search", run_id=projected.runs["A1"])[0]
+        rows = run(con, "runs_search", action_key=a1["action_key"])
+        assert [r["run_id"] for r in rows] == [projected.runs[n] for n in ("A1", "A2", "A3", "A4")]
+        assert {r["total"] for r in rows} == {4}
+        assert rows[0]["decision"] == "ask_user" and rows[0]["unknown_fields"] == ["to_account"]
+        assert rows[0]["gate_kind"] is not None and rows[1]["outcome"] == "executed"
+
+    def test_pages_and_newest_first(self, con: duckdb.DuckDBPyConnection, projected: Log) -> None:
+        key = run(con, "runs_search", run_id=projected.runs["A1"])[0]["action_key"]
+        first = run(con, "runs_search", action_key=key, page_size=3)
+        second = run(con, "runs_search", action_key=key, page_size=3, page_offset=3)
+        assert len(first) == 3 and len(second) == 1 and {r["total"] for r in first + second} == {4}
+        newest = run(con, "runs_search", action_key=key, newest_first=True, page_size=1)
+        assert newest[0]["run_id"] == projected.runs["A4"]
+
+    def test_every_filter(self, con: duckdb.DuckDBPyConnection, projected: Log) -> None:
+        everything = run(con, "runs_search", page_size=1000)
+        assert len(everything) == everything[0]["total"] == len(projected.runs)
+        assert {r["run_id"] for r in run(con, "runs_search", user_id="u_02")} == {
+            projected.runs[n] for n in ("B1", "B2", "B3")
+        }
+        assert {r["agent_id"] for r in run(con, "runs_search", agent_id="agent-d")} == {"agent-d"}
+        assert {r["run_id"] for r in run(con, "runs_search", decision="failed")} == {projected.runs["F1"]}
+        assert {r["decision"] for r in run(con, "runs_search", decision="deferred")} == {"deferred"}
+        assert {r["tool"] for r in run(con, "runs_search", tool="bank.transfer")} == {"bank.transfer"}
+        assert run(con, "runs_search", key_contains="no such text") == []
+        started = sorted(r["started_at"] for r in everything)
+        later = run(con, "runs_search", from_time=started[-1], page_size=1000)
+        assert later and all(r["started_at"] >= started[-1] for r in later)
+        assert run(con, "runs_search", to_time=started[0]) == []
+
+    def test_sql_in_a_parameter_is_only_text(self, con: duckdb.DuckDBPyConnection) -> None:
+        assert run(con, "runs_search", action_key="x' OR '1'='1") == []
+        assert run(con, "runs_search", key_contains="'; DROP TABLE runs; --") == []
+        assert run(con, "runs_search", page_size=1)  # the table is still there
+
+
+class TestIdPrefixAndDeadLetters:
+    def test_a_prefix_finds_its_run_and_decision(self, con: duckdb.DuckDBPyConnection, projected: Log) -> None:
+        run_id, decision_id = projected.runs["A2"], projected.decision_ids["A2"]
+        assert run(con, "id_prefix", prefix=run_id[:8]) == [{"kind": "run_id", "id": run_id}]
+        assert {"kind": "decision_id", "id": decision_id} in run(con, "id_prefix", prefix=decision_id[:8])
+        assert len(run(con, "id_prefix", prefix="")) == 6  # at most three of each kind
+
+    def test_the_forged_outcome_is_a_dead_letter(self, con: duckdb.DuckDBPyConnection, projected: Log) -> None:
+        letters = run(con, "dead_letters")
+        assert [r["run_id"] for r in letters] == [projected.runs["A1"]]
+        assert letters[0]["code"] and letters[0]["reason"]
+        assert run(con, "dead_letters", code="no such code") == []
