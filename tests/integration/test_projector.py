@@ -675,7 +675,7 @@ class TestDeadLetters:
             ("tombstone", k, None),
             ("not_an_event_array", k, b'{"event_type": "run_started"}'),
             ("unknown_event_type", k, _encode([base[0] | {"event_type": "run_teleported"}, *base[1:]])),
-            ("unsupported_schema_version", k, _encode([base[0] | {"schema_version": 2}, *base[1:]])),
+            ("unsupported_schema_version", k, _encode([base[0] | {"schema_version": 99}, *base[1:]])),
             ("malformed_event", k, _encode([base[0], base[1] | {"seq": "1"}, *base[2:]])),
             ("broken_chain", k, _encode([*base[:4], base[4] | {"field": base[4]["field"] | {"value": 1}}, *base[5:]])),
             ("incomplete_run", k, _encode(base[:-1])),
