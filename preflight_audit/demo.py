@@ -93,6 +93,7 @@ DATABASE = "audit.duckdb"
 #: The seed cases whose results the demo prints.
 ASKED = "landlord: asked, answered, executed"
 INHERITED = "landlord: next month, recipient inherited"
+PROPOSED = "the model's proposal: its recipient is not the user's"
 #: The user the demo erases at the end (the landlord's).
 ERASED_USER = "u_01"
 
@@ -377,6 +378,9 @@ def _report(console: Console, result: DemoReport, values: ValueProtector) -> Non
             values,
         )
         gaps = queries.run(con, "gap_rates").dicts()
+        divergence = queries.run(con, "proposal_divergence").dicts()
+        proposed = result.seeds[PROPOSED].final
+        leaves = queries.run(con, "provenance", run_id=proposed.run_id).dicts()
         integrity = queries.run(con, "integrity").dicts()
     finally:
         con.close()
@@ -433,6 +437,21 @@ def _report(console: Console, result: DemoReport, values: ValueProtector) -> Non
     days = sorted({str(r["day"]) for r in gaps})
     span = f"{days[0]} .. {days[-1]}" if days else "no runs"
     console.print(report.gap_table(gaps, title=f"Gap rates by tool, {span} (query gap_rates, summed per tool)"))
+    console.print(
+        report.result_table(
+            compliance_rows("provenance", leaves, values),
+            title="The model's proposal against the sources, leaf by leaf (query provenance, run_id=...)",
+            columns=("field", "value", "proposal", "source", "supplied_by_detail"),
+            headers={"supplied_by_detail": "supplied by"},
+        )
+    )
+    console.print(
+        report.result_table(
+            divergence,
+            title="How often the model's proposal diverged from the sources (query proposal_divergence)",
+            columns=("day", "tool", "agent_id", "proposed", "matched", "diverged", "divergence_rate"),
+        )
+    )
     findings = report.result_table(
         integrity,
         title="Integrity findings (query integrity)",

@@ -194,6 +194,7 @@ FIELDS = TableSpec(
         ("lookup_failed", _B),
         ("pending_at_trigger", _B),
         ("note", _S),
+        ("proposal", _S),  # matched | diverged | absent, on runs given a proposal (migration 008)
     ),
 )
 CHECKLIST = TableSpec(
@@ -686,6 +687,7 @@ def _field_columns(parts: _RunParts) -> Columns:
         "lookup_failed": [x.get("lookup_failed") is True for x in f],
         "pending_at_trigger": [x.get("pending_at_trigger") is True for x in f],
         "note": [x.get("note") for x in f],
+        "proposal": [x.get("proposal") for x in f],
     }
 
 

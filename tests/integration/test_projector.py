@@ -1114,7 +1114,11 @@ class TestMigrations:
             migrate_to(con, 5)
             tables, events = planned(runs[:2])
             # The rows as the projector of version 5 wrote them (the runs' later columns did not exist yet).
-            v5 = {**tables, "runs": tables["runs"].drop_columns(["readable_action_key"])}
+            v5 = {
+                **tables,
+                "runs": tables["runs"].drop_columns(["readable_action_key"]),
+                "field_provenance": tables["field_provenance"].drop_columns(["proposal"]),
+            }
             write_batch(con, v5, expected_events=events)
             before = con.execute("SELECT * FROM archive ORDER BY event_id").fetchall()
             assert migrate(con)[0] == "006_archive_zstd.sql"

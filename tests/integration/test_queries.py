@@ -125,6 +125,15 @@ async def _build(broker: Broker, db: Path) -> Log:
             again = await once.execute_if_ready(h1, sc.BANK_TOOL, lambda n, a: {"ok": True})
             assert again.status == "held" and again.refusal is not None
             log.runs["H2"] = again.refusal.run_events[0].run_id
+
+            # u_09: the model proposed the arguments: from_account as pre-set (matched), an amount the user
+            # did not say (diverged: settled from their words), a recipient only the model named (diverged:
+            # unknown, asked); a nested leaf by its pointer on the next run.
+            proposal = {"from_account": "1102534471", "amount": 900, "to_account": "9999000111"}
+            i1 = await engine().run_and_record(
+                sc.transfer(user_id="u_09", agent_id="agent-f", proposed_arguments=proposal)
+            )
+            log.runs["I1"] = i1.run_events[0].run_id
             positions = list(sink.acked_positions().values())
 
         # An outcome forged for A1, which was only asked: refused into dead_letters.
@@ -172,6 +181,7 @@ class TestNamesAndParameters:
             "gap_rates",
             "id_prefix",
             "integrity",
+            "proposal_divergence",
             "provenance",
             "reask_loops",
             "responsibility",
@@ -309,7 +319,7 @@ class TestGapRates:
         assert (d["runs"], d["action_definition_gaps"]) == (2, 1)
         e = rows[("bank.transfer", "agent-e")]
         assert (e["runs"], e["executes"], e["unmet_conditions"]) == (2, 1, 1)  # the refused replay
-        assert sum(r["runs"] for r in rows.values()) == 14
+        assert sum(r["runs"] for r in rows.values()) == 15
 
     def test_days_restrict_the_groups(self, con: duckdb.DuckDBPyConnection) -> None:
         days = {r["day"] for r in run(con, "gap_rates")}
@@ -347,14 +357,35 @@ class TestReaskLoops:
             "u_06:bank.transfer",
             "u_07:bank.transfer",
             "u_08:bank.transfer",
+            "u_09:bank.transfer",
         }
-        assert sum(e["runs"] for e in episodes) == 12  # 14 runs, two without a key
+        assert sum(e["runs"] for e in episodes) == 13  # 15 runs, two without a key
         ended = {e["action_key"]: e["ended"] for e in episodes}
         assert (ended["u_03:bank.transfer"], ended["u_06:bank.transfer"], ended["u_07:bank.transfer"]) == (
             "deferred",
             "failed",
             "held",
         )
+
+
+class TestProposalDivergence:
+    """How often the model's proposal diverged from the sources, by tool and agent; provenance per leaf."""
+
+    def test_the_rate_of_the_proposed_run(self, projected: Log, con: duckdb.DuckDBPyConnection) -> None:
+        (row,) = run(con, "proposal_divergence")
+        assert (row["tool"], row["agent_id"]) == ("bank.transfer", "agent-f")
+        assert (row["proposed"], row["matched"], row["diverged"], row["not_proposed"]) == (3, 1, 2, 0)
+        assert row["divergence_rate"] == pytest.approx(0.6667)
+
+    def test_provenance_names_each_leafs_proposal(self, projected: Log, con: duckdb.DuckDBPyConnection) -> None:
+        rows = {r["field"]: r for r in run(con, "provenance", run_id=projected.runs["I1"])}
+        assert {n: (r["proposal"], r["source"]) for n, r in rows.items()} == {
+            "from_account": ("matched", "pre_set_data"),
+            "amount": ("diverged", "instruction"),
+            "to_account": ("diverged", None),
+        }
+        others = run(con, "provenance", run_id=projected.runs["A2"])
+        assert {r["proposal"] for r in others} == {None}  # no proposal given: none recorded
 
 
 class TestIntegrity:
