@@ -1,0 +1,3 @@
+from preflight.contract import main
+
+main()
