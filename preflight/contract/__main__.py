@@ -1,3 +1,4 @@
 from preflight.contract import main
 
-main()
+if __name__ == "__main__":
+    main()

@@ -230,7 +230,7 @@ class TestQuery:
     def test_a_date_parameter_restricts_the_days(self, db: Path) -> None:
         dated = invoke("query", "gap_rates", "-p", "from_day=2000-01-01", "-f", "json", "--db", str(db))
         assert dated.exit_code == 0, dated.stderr
-        assert sum(r["runs"] for r in json.loads(dated.stdout)) == 12  # every run of the seed cases
+        assert sum(r["runs"] for r in json.loads(dated.stdout)) == 14  # every run of the seed cases
         none = invoke("query", "gap_rates", "-p", "from_day=2999-01-01", "-f", "json", "--db", str(db))
         assert json.loads(none.stdout) == []
 
@@ -444,7 +444,7 @@ class TestExport:
             runs = con.execute("SELECT count(*) FROM read_parquet($p)", {"p": str(files["runs"])}).fetchone()
         finally:
             con.close()
-        assert runs == (12,)
+        assert runs == (14,)
 
 
 class TestSettings:
