@@ -40,7 +40,8 @@ from infra.brokers import Broker, create_topics, delete_topics
 from preflight import MemoryStorage
 from preflight.adapters.baseline import BaselineStorage
 from preflight.adapters.kafka import KafkaEventSink
-from preflight.protect import FileKeyStore, ValueProtector, erase
+from preflight.adapters.keystore import FileKeyStore
+from preflight.protect import ValueProtector, erase
 from preflight_audit import scenarios
 from preflight_audit.access import TokenTable, parse_tokens
 from preflight_audit.api import create_app

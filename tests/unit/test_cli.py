@@ -25,8 +25,9 @@ from typer.testing import CliRunner, Result
 import queries
 from ledger.keys import generate_key
 from preflight import MemoryStorage, PreflightEvent
+from preflight.adapters.keystore import FileKeyStore
 from preflight.events import encode_message
-from preflight.protect import FileKeyStore, ValueErased, ValueProtector, subject_handle
+from preflight.protect import ValueErased, ValueProtector, subject_handle
 from preflight_audit import scenarios
 from preflight_audit.access import parse_tokens
 from preflight_audit.cli import app
