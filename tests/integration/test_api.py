@@ -203,7 +203,7 @@ class TestResponsibility:
 class TestGapRates:
     def test_rates_over_every_run(self, client: TestClient) -> None:
         body = client.get("/gap-rates").json()
-        assert sum(r["runs"] for r in body["rows"]) == 16  # the seed's 12 runs and the approval cases' 4
+        assert sum(r["runs"] for r in body["rows"]) == 18  # the seed's 14 runs and the approval cases' 4
         by_tool: dict[str, dict[str, int]] = {}
         for row in body["rows"]:
             tool = by_tool.setdefault(row["tool"], {"instruction_gaps": 0, "action_definition_gaps": 0})
