@@ -25,6 +25,7 @@ from typing import Any, Literal
 from pydantic import ValidationError
 
 from preflight.admission import ContractInput
+from preflight.arguments import call_arguments
 from preflight.emit import Sign, outcome_event, rebuild_record, run_events
 from preflight.engine import Decided, backstop, decide, execution_refused, invalid_input, started_summary, validate_tool
 from preflight.errors import ChainError, ConstructionError, RecordingError
@@ -35,6 +36,7 @@ from preflight.ports import EventSink, ReplayStore, Storage
 from preflight.protect import ProtectionError, RunSealer, ValueProtector, baseline_view
 from preflight.records import ExecutionRecord, ExecutionRefusalCode, RunRef
 from preflight.replay import DecisionClaim, MemoryReplayStore
+from preflight.results import output_check, structured_content, tool_error
 from preflight.reversibility import AdmissionPolicy
 from preflight.signing import REPLAY_CACHE_LIMIT, DecisionSigner, DecisionVerifier, SignedDecision
 from preflight.testing import MemoryEventSink
@@ -196,7 +198,7 @@ class Preflight:
     def _arguments_digest(self, state: ExecutionRecord, reference: str) -> str | None:
         """The arguments digest a decision over `state` carries: keyed, under the key `reference` names,
         in a protected engine (None when that key is gone: the decision cannot be checked)."""
-        arguments = {f.name: f.value for f in state.fields or ()}
+        arguments = call_arguments({f.name: f.value for f in state.fields or ()})
         if self._protector is None:
             return digest(arguments)
         return self._protector.digest_like(reference, arguments)
@@ -261,13 +263,16 @@ class Preflight:
         sealer = self._sealer(state.run_events[0].user_id, ref.run_id)
         self._executable.pop(ref.run_id, None)  # consumed before the call: a second call is a replay
 
-        arguments = {f.name: f.value for f in state.fields}
+        arguments = call_arguments({f.name: f.value for f in state.fields})
         result: Any = None
         error: BaseException | None = None
         try:
             result = await call(call_tool, state.fixed.c3_provider_action_name, dict(arguments))
         except Exception as exc:
             error = exc
+        else:
+            error = tool_error(result)  # an MCP error result is a failed call, never an execution
+        checked = None if error is not None else output_check(structured_content(result), _output_schema(tool))
         suffix = "call succeeded" if error is None else f"call failed: {type(error).__name__}: {error}"
         final = state.model_copy(
             update={
@@ -289,6 +294,7 @@ class Preflight:
             clock=self._clock,
             new_id=_new_id,
             sealer=sealer,
+            checked=checked,
         )
         if sealer is not None:
             sealer.close()
@@ -442,6 +448,13 @@ class Preflight:
             if getattr(signed, name) != value:
                 return Refusal("state_altered", f"the signed decision is refused: its {name} is not this state's"), None
         return None, signed
+
+
+def _output_schema(tool: Any) -> dict[str, Any] | None:
+    try:
+        return validate_tool(tool).output_schema_json
+    except (ValidationError, TypeError):
+        return None
 
 
 def _record_digest(state: ExecutionRecord) -> str:

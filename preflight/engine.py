@@ -7,17 +7,19 @@ baseline reader it is handed. Turning the trace into events is `preflight.emit`'
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from pydantic import ValidationError
 
+from preflight.arguments import ArgumentsError, CallPlan, Leaf, call_arguments, plan_call, pointer_of, proposal_status
 from preflight.events import GapClass, GateName, digest
 from preflight.fingerprint import intent_fingerprint
 from preflight.hooks import MISSING, Hook, LookupContext, call, read
 from preflight.inputs import PreflightInput, Tool, attempt_number
-from preflight.lookup import BaselineReader, Resolved, settle_field
+from preflight.lookup import BaselineReader, Resolved, demote, settle_field
 from preflight.records import (
     WHEN_CASES,
     AdmissionVerdict,
@@ -29,6 +31,7 @@ from preflight.records import (
     FieldRecord,
     Fixed,
     IntentGate,
+    ProposalGate,
     ToolGate,
     UnknownFieldEntry,
     UnverifiedItemEntry,
@@ -50,6 +53,7 @@ MSG_INTENT_EXHAUSTED = "I still cannot tell what you want done. Let us settle it
 MSG_DEFINITION_INCOMPLETE = (
     "This action cannot be checked right now because its definition is incomplete. Nothing was done."
 )
+MSG_PROPOSAL_REJECTED = "The arguments proposed for this action do not fit it. Nothing was done."
 
 Clock = Callable[[], str]
 
@@ -333,7 +337,7 @@ def _undecided(
     phase: Literal["at_instruction", "at_trigger"] | None,
     fixed: Fixed,
     checklist: list[Any],
-    gate: IntentGate | ToolGate | DefinitionGate,
+    gate: IntentGate | ToolGate | DefinitionGate | ProposalGate,
     decision: Literal["ask_user", "hold"],
     reason: str,
     now: str,
@@ -411,7 +415,7 @@ class _Run:
         self.fixed: Fixed | None = None
         self.action_key: str | None = None
         self.phase: Literal["at_instruction", "at_trigger"] = "at_trigger"
-        self.names: list[str] = []
+        self.plan: CallPlan
         self.advisory = ""
         self.ctx: LookupContext | None = None
         self.fields: list[FieldRecord] = []
@@ -546,41 +550,77 @@ class _Run:
         )
         return self.stop(record, "tool", "action_definition_gap")
 
-    # Step 5: required fields from the provider checklist. No schema is not "no fields".
+    # Step 5: which arguments the call has: the provider checklist's required fields (no schema is not
+    # "no fields"), and the optional ones the model proposed, leaf by leaf (`preflight.arguments`).
     async def read_required_fields(self) -> Decided | None:
         inp = self.inp
         required = await call(self.hooks["get_required_fields"], inp.tool)
-        if required is None:
-            gate = DefinitionGate(
-                kind="tool_definition_incomplete",
-                user_message=MSG_DEFINITION_INCOMPLETE,
-                _diag={"candidate_tool": inp.tool.name, "defect": "input_schema missing"},
-            )
-            record = _undecided(
-                action_key=self.action_key,
-                phase=self.phase,
-                fixed=self.fixed_checklist,
-                checklist=self.checklist_json,
-                gate=gate,
-                decision="hold",
-                reason="hold: tool definition incomplete (input schema missing)",
-                now=self.clock(),
-            )
-            return self.stop(record, "tool_definition", "action_definition_gap")
+        schema = inp.tool.input_schema_json
+        if required is None or schema is None:
+            return self.definition_hold("tool_definition_incomplete", "input schema missing")
         if not isinstance(required, (list, tuple)) or not all(isinstance(n, str) and n for n in required):
             raise TypeError(f"get_required_fields returned {required!r}, not a list of field names")
-        self.names = list(dict.fromkeys(required))
+        try:
+            self.plan = plan_call(schema, list(dict.fromkeys(required)), inp.proposed_arguments)
+        except ArgumentsError as exc:
+            if exc.in_schema:
+                return self.definition_hold("tool_definition_invalid", exc.detail)
+            return self.proposal_hold(exc)
         self.advisory = await _text_hook(self.hooks, "get_advisory_notes", inp.tool)
         return None
+
+    def definition_hold(
+        self, kind: Literal["tool_definition_incomplete", "tool_definition_invalid"], defect: str
+    ) -> Decided:
+        """The confirmed tool's definition cannot be checked: held, an action-definition gap."""
+        gate = DefinitionGate(
+            kind=kind,
+            user_message=MSG_DEFINITION_INCOMPLETE,
+            _diag={"candidate_tool": self.inp.tool.name, "defect": defect},
+        )
+        what = "incomplete" if kind == "tool_definition_incomplete" else "invalid"
+        record = _undecided(
+            action_key=self.action_key,
+            phase=self.phase,
+            fixed=self.fixed_checklist,
+            checklist=self.checklist_json,
+            gate=gate,
+            decision="hold",
+            reason=f"hold: tool definition {what} ({defect})",
+            now=self.clock(),
+        )
+        return self.stop(record, "tool_definition", "action_definition_gap")
+
+    def proposal_hold(self, error: ArgumentsError) -> Decided:
+        """The model's proposal cannot be a call of this tool: held until the agent proposes again."""
+        assert error.kind in ("proposal_invalid", "proposal_too_large", "proposal_not_in_schema")
+        gate = ProposalGate(
+            kind="proposal_rejected",
+            code=error.kind,
+            user_message=MSG_PROPOSAL_REJECTED,
+            _diag={"candidate_tool": self.inp.tool.name, "defect": error.detail},
+        )
+        record = _undecided(
+            action_key=self.action_key,
+            phase=self.phase,
+            fixed=self.fixed_checklist,
+            checklist=self.checklist_json,
+            gate=gate,
+            decision="hold",
+            reason=f"hold: proposed arguments rejected ({error.detail})",
+            now=self.clock(),
+        )
+        return self.stop(record, "proposal", "action_definition_gap")
 
     @property
     def fixed_checklist(self) -> Fixed:
         assert self.fixed is not None
         return self.fixed
 
-    # Step 6: the five tiers, field by field, in order (sequential on purpose).
+    # Step 6: the five tiers, leaf by leaf, in order (sequential on purpose); then the assembled call
+    # against the whole schema, once every leaf is known.
     async def look_up_fields(self) -> Decided | None:
-        inp = self.inp
+        inp, plan = self.inp, self.plan
         self.ctx = LookupContext(
             user_id=inp.user_id,
             instruction=inp.instruction,
@@ -590,15 +630,39 @@ class _Run:
             measured_data=inp.measured_data,
             prior_execution_state=inp.prior_execution_state,
             phase=self.phase,
-            field_schemas=dict(inp.tool.input_schema.properties) if inp.tool.input_schema else {},
+            field_schemas={leaf.name: leaf.schema for leaf in plan.leaves},
+            input_schema=plan.schema,
+            proposed_arguments=inp.proposed_arguments,
         )
         key = self.action_key
         assert key is not None
         baseline = BaselineReader(inp.prior_execution_state, inp.prior_state_given, lambda: self.load_baseline(key))
-        for name in self.names:
-            self.trace.fields.append(await settle_field(name, self.ctx, self.hooks, baseline, self.clock()))
+        for leaf in plan.leaves:
+            check = functools.partial(plan.leaf_violation, leaf)
+            self.trace.fields.append(await settle_field(leaf.name, self.ctx, self.hooks, baseline, self.clock(), check))
+        self.check_the_call()
+        if inp.proposed_arguments is not None:
+            self.trace.fields = [
+                _with_proposal(r, leaf) for r, leaf in zip(self.trace.fields, plan.leaves, strict=True)
+            ]
         self.fields = [r.field for r in self.trace.fields]
         return None
+
+    def check_the_call(self) -> None:
+        """Every leaf known: the assembled call against the whole schema; a violation turns the leaves under
+        its path unknown, with the reason."""
+        settled = [r.field for r in self.trace.fields]
+        if not settled or any(f.status != "known" for f in settled):
+            return
+        problems = self.plan.call_violations({f.name: f.value for f in settled})
+        for index, resolved in enumerate(self.trace.fields):
+            pointer = pointer_of(resolved.field.name)
+            why = [reason for path, reason in problems if pointer == path or pointer.startswith(path + "/")]
+            if why:
+                note = f"schema violation (source {resolved.field.source}): {why[0]}"
+                self.trace.fields[index] = Resolved(
+                    demote(resolved.field, note, pending_at_trigger=False), resolved.evidence
+                )
 
     @property
     def unknown(self) -> list[FieldRecord]:
@@ -640,6 +704,8 @@ class _Run:
             "user_answers": dict(inp.user_answers),
             "checklist_answers": dict(inp.checklist_answers),
         }
+        if inp.proposed_arguments is not None:
+            preserve["proposed_arguments"] = inp.proposed_arguments
         deferred_input = await call(self.hooks["build_deferred_input"], preserve)
         if not isinstance(deferred_input, Mapping):
             raise TypeError("build_deferred_input did not return a mapping")
@@ -698,7 +764,7 @@ class _Run:
             admission=admitted,
         )
         if final == "execute":
-            self.trace.arguments = {f.name: f.value for f in self.fields}
+            self.trace.arguments = call_arguments({f.name: f.value for f in self.fields})
             return Decided(record, self.trace)
         return self.stop(record, "value", gap_class_for("value", unknown))
 
@@ -708,7 +774,8 @@ class _Run:
     # an invocation yet, and those questions are the user's to answer before any approval is sought.
     def admit(self) -> tuple[Decided | None, AdmissionVerdict]:
         assert self.admission is not None and self.action_key is not None
-        assessment = self.admission.assess(self.inp, self.action_key, {f.name: f.value for f in self.fields})
+        arguments = call_arguments({f.name: f.value for f in self.fields})
+        assessment = self.admission.assess(self.inp, self.action_key, arguments)
         self.trace.admission = assessment.event
         if assessment.allowed:
             return None, assessment.verdict
@@ -745,6 +812,15 @@ async def _verified_item(hooks: Mapping[str, Hook], item: dict[str, Any], ctx: L
     merged["id"] = item["id"]
     merged["status"] = "verified" if read(out, "status", None) == "verified" else "unverified"
     return merged
+
+
+def _with_proposal(resolved: Resolved, leaf: Leaf) -> Resolved:
+    """The settled leaf with its `proposal` status, and the proposed value in its evidence (sealed in a
+    protected run; never shown to the user)."""
+    f = resolved.field
+    status = proposal_status(leaf, f.status == "known", f.value)
+    evidence = replace(resolved.evidence, proposed=leaf.proposed) if leaf.was_proposed else resolved.evidence
+    return Resolved(f.model_copy(update={"proposal": status}), evidence, resolved.final)
 
 
 def _lookup_failures(fields: list[FieldRecord]) -> list[Any]:

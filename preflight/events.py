@@ -20,8 +20,11 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from preflight.errors import ChainError, EventDecodeError
 from preflight.records import UNKEYED_RECORD_KEY
 
-EVENT_SCHEMA_VERSION = 1
-SUPPORTED_EVENT_VERSIONS = frozenset({EVENT_SCHEMA_VERSION})
+EVENT_SCHEMA_VERSION = 2
+"""2: a field is named by JSON Pointer when it is a nested argument leaf and carries its `proposal` status,
+its evidence the (sealed) proposed value; an outcome carries the digest of a tool's structured content and
+its check against the tool's output schema. Version 1 events read unchanged (the new members are optional)."""
+SUPPORTED_EVENT_VERSIONS = frozenset({1, EVENT_SCHEMA_VERSION})
 GENESIS_HASH = "0" * 64
 
 GapClass = Literal[
@@ -32,7 +35,16 @@ GapClass = Literal[
     "internal_error",
 ]
 GateName = Literal[
-    "input", "checklist_ids", "intent", "tool", "tool_definition", "value", "admission", "execution", "backstop"
+    "input",
+    "checklist_ids",
+    "intent",
+    "tool",
+    "tool_definition",
+    "proposal",
+    "value",
+    "admission",
+    "execution",
+    "backstop",
 ]
 
 _EVENT_CONFIG = ConfigDict(frozen=True, extra="forbid")
@@ -203,7 +215,12 @@ class RunClosed(Envelope):
 
 
 class Executed(Envelope):
-    """The tool was called once for an approved decision and returned."""
+    """The tool was called once for an approved decision and returned (not an MCP error result).
+
+    `structured_content_digest` is the digest of the result's `structuredContent` and `output_check` its
+    check against the tool's `outputSchema` (``valid`` or the violation), each present only when there is
+    one (`preflight.results`).
+    """
 
     event_type: Literal["executed"] = "executed"
     decision_id: str
@@ -212,10 +229,13 @@ class Executed(Envelope):
     result_digest: str
     reason: str
     timestamp: str
+    structured_content_digest: str | None = Field(default=None, exclude_if=lambda value: value is None)
+    output_check: str | None = Field(default=None, exclude_if=lambda value: value is None)
 
 
 class ExecutionFailed(Envelope):
-    """The tool call raised. Nothing says the provider did nothing: it is never retried."""
+    """The tool call raised, or answered with an MCP error result (`error_type` ``ToolError``). Nothing says
+    the provider did nothing: it is never retried."""
 
     event_type: Literal["execution_failed"] = "execution_failed"
     decision_id: str

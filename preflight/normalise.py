@@ -31,14 +31,15 @@ Scripts written without word spaces or with attached particles (Hangul, CJK) hav
 
 from __future__ import annotations
 
+import itertools
 import re
 import unicodedata
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from datetime import date
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-__all__ = ["CASE_FREE_FORMATS", "denotes", "number_of", "text_form", "whole_token"]
+__all__ = ["CASE_FREE_FORMATS", "denotes", "find_span", "number_of", "text_form", "whole_token"]
 
 #: String formats whose values compare without case.
 CASE_FREE_FORMATS = frozenset({"uuid", "email", "idn-email", "hostname", "idn-hostname"})
@@ -185,3 +186,64 @@ def whole_token(text: str, start: int, end: int, *, numeric: bool = False) -> bo
         if last.isdigit() and (_GROUP_AFTER.match(text, end) or decimals):
             return False  # "500" of "500,000", or "3" of "3.14"
     return True
+
+
+# ---- finding a value in the user's words -----------------------------------------------------------------
+
+_NUMERIC_RUN = re.compile(r"[+-]?\d[\d,'_ \u00a0\u202f.]*")
+_BOOLEAN = re.compile(r"true|false", re.IGNORECASE)
+_WRITTEN_DATE = re.compile(
+    r"\d{4}-\d{2}-\d{2}"
+    r"|\d{1,2}(?:st|nd|rd|th)? (?:of )?[A-Za-z]+\.?,? \d{4}"
+    r"|[A-Za-z]+\.? \d{1,2}(?:st|nd|rd|th)?,? \d{4}"
+)
+MAX_RUN = 64
+
+
+def _number_candidates(text: str) -> Iterator[tuple[int, int]]:
+    for run in _NUMERIC_RUN.finditer(text):
+        start, end = run.span()
+        if end - start > MAX_RUN:
+            continue
+        starts = [i for i in range(start, end) if text[i].isdigit() or text[i] in "+-"]
+        ends = [i + 1 for i in range(start, end) if text[i].isdigit()]
+        for a in starts:
+            for b in ends:
+                if b > a:
+                    yield a, b
+
+
+def _string_candidates(text: str, value: str) -> Iterator[tuple[int, int]]:
+    """Where `value`'s words occur in `text` (any case, any spacing; `denotes` then decides)."""
+    words = text_form(value).split(" ")
+    pattern = r"\s+".join(re.escape(w) for w in words)
+    if not pattern:
+        return
+    flags = re.IGNORECASE
+    # The text compared is NFKC: search the NFKC form when it has the same length (it nearly always has).
+    normal = unicodedata.normalize("NFKC", text)
+    haystack = normal if len(normal) == len(text) else text
+    for match in re.finditer(pattern, haystack, flags):
+        yield match.span()
+
+
+def find_span(text: str, value: Any, schema: Mapping[str, Any] | None = None) -> tuple[int, int] | None:
+    """The first span of `text` that writes `value` as a whole token (`denotes`, `whole_token`), or None.
+
+    What a ready extractor cites (`preflight.extract`): the value is then read from the user's words, and
+    the engine checks the claim like any other."""
+    if isinstance(value, bool):
+        candidates: Iterator[tuple[int, int]] = (m.span() for m in _BOOLEAN.finditer(text))
+    elif isinstance(value, (int, float)):
+        candidates = _number_candidates(text)
+    elif isinstance(value, str) and text_form(value):
+        candidates = _string_candidates(text, value)
+        if _ISO_DATE.fullmatch(text_form(value)):
+            candidates = itertools.chain(candidates, (m.span() for m in _WRITTEN_DATE.finditer(text)))
+    else:
+        return None
+    numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
+    for start, end in candidates:
+        if denotes(text[start:end], value, schema) and whole_token(text, start, end, numeric=numeric):
+            return start, end
+    return None

@@ -11,12 +11,13 @@ hashes cover the ciphertext) and its tokens still compare.
 What a protected run seals (`protect_payload`; clear text is kept for names, ids, enums, counts,
 timestamps, sources and origins, which analysts count):
 
-* every field value (`field_resolved.field.value`, a known null included) and a deferred run's whole
-  `deferred_input` (it holds the instruction, the answers and the pre-set values);
+* every field value (`field_resolved.field.value`, a known null included), the value the model proposed
+  for it (`field_resolved.evidence.proposed`), and a deferred run's whole `deferred_input` (it holds the
+  instruction, the answers, the pre-set values and the proposal);
 * every member of a user-checklist item but its `id`, `status`, `source` and `verified_at`;
 * every piece of prose a value-seeing hook or an exception may have written: field notes and
   diagnostic notes, the gate's notes, checklist descriptions and diagnostic details, the fixed
-  checklist's issue details, every record `reason`, and an execution's error text;
+  checklist's issue details, every record `reason`, an execution's error text and its output check;
 * the intent fingerprint: an unkeyed digest of the instruction could be brute-forced back to a
   low-entropy utterance ("pay 500 to 1234"); sealed, its token still tells a repeated utterance;
 * the user's own words about the act: what they call it (C2, ``fixed/c2_user_action_name``), the tool
@@ -848,6 +849,10 @@ def protect_payload(event_type: str, payload: Mapping[str, Any], value: SealValu
     elif event_type == "field_resolved":
         if "field" in out:
             out["field"] = _field(out["field"], value, text)
+        evidence = out.get("evidence")
+        if isinstance(evidence, Mapping) and "proposed" in evidence and isinstance(out.get("field"), Mapping):
+            name = out["field"].get("name")
+            out["evidence"] = {**evidence, "proposed": value(evidence["proposed"], f"fields/{name}/proposed")}
     elif event_type == "checklist_item_verified":
         index = out.get("index")
         if "item" in out and isinstance(index, int):
@@ -865,6 +870,8 @@ def protect_payload(event_type: str, payload: Mapping[str, Any], value: SealValu
     elif event_type in ("executed", "execution_failed"):
         if isinstance(out.get("reason"), str):
             out["reason"] = text(out["reason"], "outcome/reason")
+        if isinstance(out.get("output_check"), str):  # a violation quotes the tool's output
+            out["output_check"] = text(out["output_check"], "outcome/output_check")
         if event_type == "execution_failed" and isinstance(out.get("error"), str):
             out["error"] = text(out["error"], "outcome/error")
     return out

@@ -21,12 +21,15 @@ from pydantic import (
     model_serializer,
 )
 
-RECORD_SCHEMA_VERSION = "1.11"
+RECORD_SCHEMA_VERSION = "1.12"
 """Record shape version. 1.8 is the reference skeleton's last shape (c2_source, c3_match,
 lookup_failed); 1.9 adds the `tool_definition_incomplete` gate kind for a tool whose input schema
 never arrived; 1.10 adds the admission gate and the optional `admission` verdict (SPEC §4), present
 only on runs an engine built with `require_approval=True` assessed; 1.11 adds the `execution_refused` gate
-kind: a recorded `execute` decision that `execute_if_ready` refused to act on (replayed, altered, ...)."""
+kind: a recorded `execute` decision that `execute_if_ready` refused to act on (replayed, altered, ...);
+1.12 adds the real call's arguments (SPEC §2.6): fields named by JSON Pointer for nested leaves, each
+field's `proposal` (only on runs given `proposed_arguments`), the `tool_definition_invalid` kind of the
+definition gate and the `proposal_rejected` gate."""
 
 UNKEYED_RECORD_KEY = "__preflight_unkeyed__"
 
@@ -37,6 +40,7 @@ Decision = Literal["execute", "ask_user", "hold", "deferred", "executed", "faile
 Source = Literal["user_answer", "instruction", "pre_set_data", "measured_data", "prior_state"]
 OriginSource = Literal["user_answer", "instruction", "pre_set_data", "measured_data"]
 C2Source = Literal["instruction", "pre_set_data"]
+Proposal = Literal["matched", "diverged", "absent"]
 
 _MODEL_CONFIG = ConfigDict(
     frozen=True,
@@ -69,13 +73,17 @@ class FieldRecord(BaseModel):
     lookup_failed: bool | None = None
     note: str | None = None
     diag_note: str | None = Field(default=None, alias="_diag_note")
+    #: Whether the settled value is what the model proposed (`matched`), not (`diverged`: another value, or
+    #: none: the model would have invented it), or the model proposed nothing for it (`absent`). Only on
+    #: runs given `proposed_arguments` (SPEC §2.6).
+    proposal: Proposal | None = None
 
     @model_serializer(mode="wrap")
     def _serialize(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         data: dict[str, Any] = handler(self)
         if self.status == "unknown":
             data.pop("value", None)
-        return _drop_none(data, ("pending_at_trigger", "lookup_failed", "note", "_diag_note"))
+        return _drop_none(data, ("pending_at_trigger", "lookup_failed", "note", "_diag_note", "proposal"))
 
 
 class C3Match(BaseModel):
@@ -156,14 +164,28 @@ class ToolGate(BaseModel):
 
 
 class DefinitionGate(BaseModel):
-    """The confirmed tool's definition is incomplete (its input schema never arrived).
+    """The confirmed tool's definition is incomplete (its input schema never arrived) or unusable (not a
+    valid JSON Schema, a `$ref` that points nowhere, too large to check).
 
     An action-definition gap, not a pass: no question to the user can supply a schema.
     """
 
     model_config = _MODEL_CONFIG
 
-    kind: Literal["tool_definition_incomplete"]
+    kind: Literal["tool_definition_incomplete", "tool_definition_invalid"]
+    user_message: str
+    diag: dict[str, JsonValue] = Field(alias="_diag")
+
+
+class ProposalGate(BaseModel):
+    """The model's proposed arguments cannot be a call of this tool: not a JSON object, an argument the
+    schema forbids, or too many or too deeply nested (`code`). Held: the agent must propose again; no
+    question to the user repairs a proposal, and nothing of it is ever silently dropped."""
+
+    model_config = _MODEL_CONFIG
+
+    kind: Literal["proposal_rejected"]
+    code: Literal["proposal_invalid", "proposal_too_large", "proposal_not_in_schema"]
     user_message: str
     diag: dict[str, JsonValue] = Field(alias="_diag")
 
@@ -250,8 +272,10 @@ def _gate_tag(value: Any) -> str:
         return "intent"
     if kind in ("tool_undetermined", "tool_undetermined_exhausted"):
         return "tool"
-    if kind == "tool_definition_incomplete":
+    if kind in ("tool_definition_incomplete", "tool_definition_invalid"):
         return "definition"
+    if kind == "proposal_rejected":
+        return "proposal"
     if kind == "execution_refused":
         return "execution"
     return "value"
@@ -263,7 +287,8 @@ Gate = Annotated[
     | Annotated[ToolGate, Tag("tool")]
     | Annotated[DefinitionGate, Tag("definition")]
     | Annotated[AdmissionGate, Tag("admission")]
-    | Annotated[ExecutionGate, Tag("execution")],
+    | Annotated[ExecutionGate, Tag("execution")]
+    | Annotated[ProposalGate, Tag("proposal")],
     Discriminator(_gate_tag),
 ]
 

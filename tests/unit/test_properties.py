@@ -896,9 +896,21 @@ def expected_stage(scenario: Scenario) -> str:
         return "unrecordable"
     if plan.of("confirm_tool_name_matches_intent") not in APPROVING:
         return "tool"
-    if schema_of(payload) is None:
-        return "definition"
+    schema = schema_of(payload)
+    if schema is None or not valid_json_schema(schema):
+        return "definition"  # the schema never arrived, or is not a valid JSON Schema (SPEC §2.6)
     return "fields"
+
+
+def valid_json_schema(schema: Mapping[str, Any]) -> bool:
+    """Whether a maintained validator accepts `schema` as a JSON Schema (draft 2020-12 by default)."""
+    from jsonschema import Draft202012Validator, SchemaError
+
+    try:
+        Draft202012Validator.check_schema(dict(schema))
+    except SchemaError:
+        return False
+    return True
 
 
 def explained_backstop(scenario: Scenario) -> bool:
