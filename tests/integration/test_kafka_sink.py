@@ -36,10 +36,10 @@ from preflight import (
     decode_event,
     rebuild_record,
 )
+from preflight import scenario as sc
 from preflight.adapters.kafka import KafkaEventSink, PublishError, SinkStartError
 from preflight.events import EVENT_SCHEMA_VERSION, decode_message, encode_message
 from tests.contract.storage_contract import EventSinkContract, ReadBack
-from tests.unit import scenario as sc
 
 pytestmark = pytest.mark.integration
 

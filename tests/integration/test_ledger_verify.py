@@ -47,12 +47,12 @@ from ledger.digest import DigestBody, rows_hash
 from ledger.store import FIRST, LAST, read_rows
 from ledger.verify import Anchor, Finding, VerifyReport, verify, verify_connection
 from preflight import MemoryEventSink, MemoryStorage, PreflightEvent, create_preflight
+from preflight import scenario as sc
 from preflight.events import encode_event, encode_message, kafka_key
 from projections import open_database
 from projections.decode import Incoming, Rejected
 from projections.rows import plan_batch, prepare_all, to_arrow
 from projections.store import lookup_runs, write_batch
-from tests.unit import scenario as sc
 
 ROOT = Path(__file__).resolve().parents[2]
 TOPIC = "preflight.events"

@@ -41,6 +41,7 @@ from aiokafka import AIOKafkaProducer
 import projections.projector as projector_module
 from infra.brokers import Broker
 from preflight import MemoryStorage, Preflight, PreflightEvent, create_preflight
+from preflight import scenario as sc
 from preflight.adapters.kafka import KafkaEventSink
 from preflight.events import encode_message, seal
 from preflight.hooks import Hook
@@ -62,7 +63,6 @@ from projections.decode import Incoming
 from projections.projector import DECODE_AHEAD_WHILE_WRITING, DecodeWorkerContext, _start_decode_worker
 from projections.rows import Plan, plan_batch, prepare_all, to_arrow
 from projections.store import EventIdConflict, append_batch, sql, write_batch
-from tests.unit import scenario as sc
 
 pytestmark = pytest.mark.integration
 
