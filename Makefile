@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv native mcp-servers native-test services test test-kafka lint typecheck unit bench demo clean
+.PHONY: venv native mcp-servers native-test services browser test test-kafka lint typecheck unit bench demo clean
 
 # Real MCP servers from npm that the tests start (the PyPI ones come with the dev extra): installed from the
 # lockfile into tests/servers/node_modules (git-ignored), pinned.
@@ -65,12 +65,24 @@ services:
 		fi; \
 	fi
 
+# Debian's Chromium, for the console's browser tests (tests/integration/test_console.py, driven by Playwright
+# through its executable): installed when missing and this is root on a Debian machine; otherwise those tests
+# are skipped and say why (on CI, where CI is set, they fail instead).
+browser:
+	@if ! command -v chromium >/dev/null 2>&1; then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+		else \
+			echo "chromium is not installed and this is not root: the console's browser tests will be skipped" >&2; \
+		fi; \
+	fi
+
 # The whole suite: lint, types, then every test (unit, contract, integration on the selected broker).
-test: lint typecheck native-test services
+test: lint typecheck native-test services browser
 	$(BIN)/pytest -q; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 # The integration suite again, on an Apache Kafka broker assembled from Maven Central (CI tier).
-test-kafka: $(STAMP) services
+test-kafka: $(STAMP) services browser
 	PREFLIGHT_BROKER=kafka $(BIN)/pytest -q -m integration; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 # The whole system once on this machine: broker, worker, projector, agent sessions, the audit (see README).
@@ -89,6 +101,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/lookup_runs.py
 	$(BIN)/python bench/freshness.py
 	$(BIN)/python bench/archive_queries.py
+	$(BIN)/python bench/console_page.py
 	$(BIN)/python bench/verify.py
 	$(BIN)/python bench/gateway_latency.py
 

@@ -54,6 +54,7 @@ from ledger.digest import (
 )
 from ledger.errors import ArchiveCorruptError, LedgerDatabaseError, LedgerError, LedgerRefusedError
 from ledger.keys import SigningKey, VerifyKey
+from preflight.chain import Fault, RunCursor
 
 __all__ = [
     "DEFAULT_SPAN_EVENTS",
@@ -93,7 +94,7 @@ LAST: Position = (2**62, 2**31 - 1)
 T = TypeVar("T")
 #: (topic, partition)
 Stream = tuple[str, int]
-#: A row of chain_findings.sql / column_findings.sql:
+#: A row of chain_findings / column_findings.sql:
 #: (kind, topic, partition, offset, message_index, event_id, run_id, seq, detail)
 RawFinding = tuple[str, str, int, int, int, str, str, int, str]
 
@@ -278,17 +279,38 @@ def count_rows(con: duckdb.DuckDBPyConnection, stream: Stream, lo: Position, hi:
 
 
 def chain_findings(con: duckdb.DuckDBPyConnection, run_ids: Iterable[str] | None = None) -> list[RawFinding]:
-    """Structural chain findings (chain_findings.sql) over every run, or only over `run_ids`."""
+    """Structural chain findings over every run, or only over `run_ids`: the run-chain rule
+    (`preflight.chain.RunCursor`) applied to each run's archived events in `seq` order (chain_rows.sql),
+    one finding where the chain breaks (an unclosed run: at its last event), in log order."""
     runs = pa.table({"run_id": pa.array([] if run_ids is None else list(run_ids), type=pa.string())})
     try:
         con.register("ledger_runs", runs)
         try:
-            rows = con.execute(sql("chain_findings"), {"all_runs": run_ids is None}).fetchall()
+            rows = con.execute(sql("chain_rows"), {"all_runs": run_ids is None}).fetchall()
         finally:
             con.unregister("ledger_runs")
     except duckdb.Error as exc:
         raise _fail("cannot check the runs' chains", exc) from exc
-    return [_raw(row) for row in rows]
+    findings: list[RawFinding] = []
+    cursor, run, last = RunCursor(), None, None
+    for row in rows:
+        run_id, seq, event_type, prev, hash_, count, close_last = row[5:]
+        if run_id != run:
+            if last is not None and (fault := cursor.end()) is not None:
+                findings.append(_fault_row(fault, last))
+            cursor, run = RunCursor(), run_id
+        close_count = int(count) if isinstance(count, str) and count.isdigit() else count
+        for fault in cursor.step(seq, event_type, prev, hash_, close_count, close_last):
+            findings.append(_fault_row(fault, row))
+        last = row
+    if last is not None and (fault := cursor.end()) is not None:
+        findings.append(_fault_row(fault, last))
+    return sorted(findings, key=lambda f: (f[1], f[2], f[3], f[4], f[0]))
+
+
+def _fault_row(fault: Fault, row: tuple[Any, ...]) -> RawFinding:
+    topic, partition, offset, index, event_id, run_id, seq = row[:7]
+    return _raw((fault.kind, topic, partition, offset, index, event_id, run_id, seq, fault.detail))
 
 
 def column_findings(

@@ -5,6 +5,7 @@ decides `execute`, `ask_user`, `hold` or `deferred`, and emits each step as an i
 event. This package holds pure decisions and the event contract; it imports no broker or database.
 """
 
+from preflight.adapters.keystore import FileKeyStore
 from preflight.admission import AdmissionResult, assess_tool_invocation
 from preflight.api import ExecutionOutcome, Preflight, create_preflight
 from preflight.emit import rebuild_record
@@ -19,7 +20,7 @@ from preflight.errors import (
 from preflight.events import PreflightEvent, decode_event, encode_event, verify_run
 from preflight.hooks import LookupContext
 from preflight.inputs import PreflightInput, Segment, Tool
-from preflight.protect import FileKeyStore, ProtectionError, ValueErased, ValueProtector
+from preflight.protect import ProtectionError, ValueErased, ValueProtector
 from preflight.records import UNKEYED_RECORD_KEY, ExecutionRecord, FieldRecord
 from preflight.reversibility import effect_class_of
 from preflight.signing import DecisionSigner, DecisionVerifier, SignedDecision

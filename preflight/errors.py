@@ -52,3 +52,36 @@ class SigningKeyError(PreflightError, ValueError):
     for verifiers (with the right password if the private key is encrypted), and install the
     `cryptography` package (the `crypto` extra).
     """
+
+
+class ProtectionError(PreflightError):
+    """A protected value could not be sealed or opened."""
+
+
+class KeyStoreError(ProtectionError):
+    """The key store cannot be read or written, so no value of this subject can be sealed or opened.
+
+    Nothing was decided or recorded. Check that the key directory exists, belongs to this process's
+    user, is mode 0700 and its key files 0600, and that the disk is writable; then run again.
+    """
+
+
+class ValueErased(ProtectionError):
+    """The subject's key was erased (crypto-shredding): this value can never be opened again.
+
+    Expected after ``preflight-audit erase``, not an integrity fault. Its token still compares with other
+    tokens sealed under the same key.
+    """
+
+
+class UnknownKey(ProtectionError):
+    """No key of this id was ever issued by this key store.
+
+    Terminal until fixed: the value was sealed with another key store (check the key directory the
+    process is configured with) or the store's files were lost or restored from an older copy.
+    """
+
+
+class TamperedValue(ProtectionError):
+    """A sealed value does not open under its key, run and slot: it was altered, moved to another slot
+    or run, or is not a sealed value at all. An integrity fault: keep the event and investigate."""

@@ -11,13 +11,19 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from preflight.errors import ChainError, EventDecodeError
+# The run-chain rule lives in `preflight.chain`; its names are re-exported here for the event contract's users.
+from preflight.chain import GENESIS_HASH as GENESIS_HASH
+from preflight.chain import TAIL_EVENT_TYPES as TAIL_EVENT_TYPES
+from preflight.chain import canonical_json as canonical_json
+from preflight.chain import content_hash as content_hash
+from preflight.chain import hash_matches as hash_matches
+from preflight.chain import verify_run as verify_run
+from preflight.errors import EventDecodeError
 from preflight.records import UNKEYED_RECORD_KEY
 
 EVENT_SCHEMA_VERSION = 2
@@ -25,7 +31,6 @@ EVENT_SCHEMA_VERSION = 2
 its evidence the (sealed) proposed value; an outcome carries the digest of a tool's structured content and
 its check against the tool's output schema. Version 1 events read unchanged (the new members are optional)."""
 SUPPORTED_EVENT_VERSIONS = frozenset({1, EVENT_SCHEMA_VERSION})
-GENESIS_HASH = "0" * 64
 
 GapClass = Literal[
     "instruction_gap",
@@ -280,29 +285,14 @@ EVENT_TYPES: frozenset[str] = frozenset(
         ExecutionFailed,
     )
 )
-TAIL_EVENT_TYPES = frozenset({"executed", "execution_failed"})
 
 
 # ---- canonical form and the chain -------------------------------------------------------------------
 
 
-def canonical_json(data: Any) -> bytes:
-    """One byte form per value: sorted keys, no spaces, UTF-8, no NaN."""
-    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
-
-
 def digest(data: Any) -> str:
     """`sha256:<hex>` of the canonical form of `data`."""
     return "sha256:" + hashlib.sha256(canonical_json(data)).hexdigest()
-
-
-def content_hash(prev_hash: str, body: Mapping[str, Any]) -> str:
-    """The chain hash of an event whose fields other than `hash` are `body`."""
-    h = hashlib.sha256()
-    h.update(prev_hash.encode())
-    h.update(b"\n")
-    h.update(canonical_json({k: v for k, v in body.items() if k != "hash"}))
-    return h.hexdigest()
 
 
 def seal(body: dict[str, Any]) -> PreflightEvent:
@@ -377,41 +367,6 @@ def decode_event(data: bytes | str | Mapping[str, Any], *, hashed: bool = False)
 def verify_event_hash(event: Envelope) -> bool:
     """True if the event's `hash` matches its content and `prev_hash`."""
     return event.hash == content_hash(event.prev_hash, event_body(event))
-
-
-def verify_run(events: Iterable[Envelope], *, require_closed: bool = True) -> None:
-    """Check one run's chain: contiguous `seq` from 0, each hash, each link, and the closing count.
-
-    Raises `ChainError` naming the first bad event. At most one `executed`/`execution_failed` may
-    follow `run_closed`, linked to it.
-    """
-    ordered = list(events)
-    if not ordered:
-        raise ChainError("run has no events")
-    run_id = ordered[0].run_id
-    prev = GENESIS_HASH
-    closed: RunClosed | None = None
-    for position, event in enumerate(ordered):
-        where = f"run {run_id} seq {event.seq} ({getattr(event, 'event_type', '?')})"
-        if event.run_id != run_id:
-            raise ChainError(f"{where}: belongs to run {event.run_id}")
-        if event.seq != position:
-            raise ChainError(f"{where}: expected seq {position}")
-        if event.prev_hash != prev:
-            raise ChainError(f"{where}: prev_hash does not link to the previous event")
-        if not verify_event_hash(event):
-            raise ChainError(f"{where}: hash does not match its content")
-        if closed is not None and (
-            position != closed.event_count or getattr(event, "event_type", None) not in TAIL_EVENT_TYPES
-        ):
-            raise ChainError(f"{where}: event after run_closed")
-        if isinstance(event, RunClosed):
-            if event.event_count != position + 1 or event.last_hash != event.prev_hash:
-                raise ChainError(f"{where}: closing count or last hash does not match the run")
-            closed = event
-        prev = event.hash
-    if require_closed and closed is None:
-        raise ChainError(f"run {run_id}: no run_closed event (truncated)")
 
 
 def kafka_key(events: Sequence[Envelope]) -> str:
@@ -504,38 +459,3 @@ def _skip(text: str, i: int) -> int:
     while i < len(text) and text[i] in _WHITESPACE:
         i += 1
     return i
-
-
-_HEX64 = re.compile(r"[0-9a-f]{64}")
-
-
-def hash_matches(event: Mapping[str, Any], text: str | None = None) -> bool:
-    """True if `event`'s hash matches its content and `prev_hash`.
-
-    With the exact `text` the event was read from, a canonical event is checked on its text (no
-    re-serialisation); anything else (no text, non-canonical text) falls back to recomputing the
-    canonical form, so the answer never depends on how the producer spaced its JSON.
-    """
-    expected, prev = event.get("hash"), event.get("prev_hash")
-    if not isinstance(expected, str) or not isinstance(prev, str):
-        return False
-    # The fast path only for text without `\u` escapes: canonical text has none (bar control
-    # characters), and an escaped lone surrogate must not pass as encodable (see `decode_event`).
-    if text is not None and "\\u" not in text:
-        quoted = f'"{expected}"' if _HEX64.fullmatch(expected) else json.dumps(expected, ensure_ascii=False)
-        needle = '"hash":' + quoted + ","
-        at = text.find(needle)
-        if at >= 0:
-            try:
-                body = (text[:at] + text[at + len(needle) :]).encode()
-            except UnicodeEncodeError:
-                return False
-            h = hashlib.sha256(prev.encode())
-            h.update(b"\n")
-            h.update(body)
-            if h.hexdigest() == expected:
-                return True
-    try:
-        return bool(expected == content_hash(prev, event))
-    except (TypeError, ValueError, RecursionError):
-        return False

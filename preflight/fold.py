@@ -25,16 +25,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from preflight.chain import TAIL_EVENT_TYPES, hash_matches, message_problem
 from preflight.emit import rebuild_record
 from preflight.errors import ChainError, EventDecodeError
-from preflight.events import (
-    EVENT_TYPES,
-    GENESIS_HASH,
-    SUPPORTED_EVENT_VERSIONS,
-    TAIL_EVENT_TYPES,
-    decode_event,
-    hash_matches,
-)
+from preflight.events import EVENT_TYPES, SUPPORTED_EVENT_VERSIONS, decode_event
 from preflight.records import UNKEYED_RECORD_KEY, ExecutionRecord, RunRef
 from preflight.signing import DecisionVerifier, SignedDecision, parse_time
 
@@ -188,21 +182,13 @@ def evolve(
 
 
 def _apply_run(state: dict[str, Any], run_id: str, events: Sequence[Mapping[str, Any]]) -> Folded:
-    prev = GENESIS_HASH
-    for position, event in enumerate(events):
-        if event["seq"] != position:
-            kind = "repeated" if event["seq"] < position else "gap in"
-            return _anomaly(state, f"{kind} seq: expected {position}, got {event['seq']}")
-        if event["prev_hash"] != prev:
-            return _anomaly(state, f"broken hash chain: seq {position} does not link to seq {position - 1}")
-        prev = event["hash"]
+    problem = message_problem(events)  # the run-chain rule (`preflight.chain`)
+    if problem is not None:
+        return _anomaly(
+            state, f"{'broken hash chain' if problem[0] == 'broken_chain' else 'incomplete run'}: {problem[1]}"
+        )
     closing = events[-1]
-    if closing["event_type"] != "run_closed" or any(e["event_type"] == "run_closed" for e in events[:-1]):
-        return _anomaly(state, "run message does not end with its single run_closed event")
-    if closing.get("event_count") != len(events) or closing.get("last_hash") != closing["prev_hash"]:
-        return _anomaly(state, "run_closed count or last hash does not match the run")
-    if events[0]["event_type"] != "run_started":
-        return _anomaly(state, "run message does not start with run_started")
+    prev = closing["hash"]
 
     known = state["recent"].get(run_id) or state["awaiting"].get(run_id)
     if known is not None:
@@ -292,8 +278,9 @@ def _apply_tail(
         if seen is not None:
             return _anomaly(state, f"second outcome for run {run_id} (replayed decision)")
         return _anomaly(state, f"{tail['event_type']} for a run without a recorded execute decision")
-    if tail["seq"] != waiting["last_seq"] + 1 or tail["prev_hash"] != waiting["last_hash"]:
-        return _anomaly(state, "broken hash chain: the outcome does not link to its run's close")
+    linked = message_problem(events, after=(waiting["last_seq"], waiting["last_hash"]))
+    if linked is not None:
+        return _anomaly(state, f"broken hash chain: {linked[1]}")
     problem = _decision_problem(waiting["events"], tail, verifier) or _reused_event_id(state, events)
     if problem is not None:
         return _anomaly(state, problem)

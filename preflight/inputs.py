@@ -58,7 +58,7 @@ _ANNOTATION_NAMES = {
 def _as_mcp_json(raw: Any) -> Any:
     """A tool as `tools/list` JSON: an object of another model (the `mcp` SDK's `Tool`) by its wire
     names, and annotations given in snake_case renamed to MCP's camelCase."""
-    if not isinstance(raw, BaseModel) and hasattr(raw, "model_dump") and callable(raw.model_dump):
+    if not isinstance(raw, Tool) and hasattr(raw, "model_dump") and callable(raw.model_dump):
         raw = raw.model_dump(mode="json", by_alias=True, exclude_none=True)
     if isinstance(raw, dict) and isinstance(raw.get("annotations"), dict):
         hints = raw["annotations"]

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from preflight.events import PreflightEvent
+from preflight.keys import SubjectKey
 from preflight.records import ExecutionRecord
-
-if TYPE_CHECKING:
-    from preflight.protect import SubjectKey
-    from preflight.replay import DecisionClaim
+from preflight.replay import DecisionClaim
 
 
 @runtime_checkable

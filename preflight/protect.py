@@ -54,7 +54,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import contextlib
 import hashlib
 import hmac
 import json
@@ -64,11 +63,11 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from preflight.errors import PreflightError
+from preflight.errors import KeyStoreError, ProtectionError, TamperedValue, UnknownKey, ValueErased
 from preflight.events import canonical_json
+from preflight.keys import SubjectKey, make_kid, parse_kid, subject_handle
 from preflight.ports import KeyStore
 from preflight.records import ExecutionRecord
 
@@ -79,7 +78,6 @@ __all__ = [
     "ALGORITHM",
     "TEXT_PREFIX",
     "Erasure",
-    "FileKeyStore",
     "KeyStoreError",
     "OpenedBody",
     "ProtectionError",
@@ -111,93 +109,7 @@ _TOKEN = re.compile(r"tk1\.[0-9a-f]{32}")
 _NONCE_BYTES = 12
 _KEY_BYTES = 32
 
-# ---- errors -----------------------------------------------------------------------------------------
-
-
-class ProtectionError(PreflightError):
-    """A protected value could not be sealed or opened."""
-
-
-class KeyStoreError(ProtectionError):
-    """The key store cannot be read or written, so no value of this subject can be sealed or opened.
-
-    Nothing was decided or recorded. Check that the key directory exists, belongs to this process's
-    user, is mode 0700 and its key files 0600, and that the disk is writable; then run again.
-    """
-
-
-class ValueErased(ProtectionError):
-    """The subject's key was erased (crypto-shredding): this value can never be opened again.
-
-    Expected after ``preflight-audit erase``, not an integrity fault. Its token still compares with other
-    tokens sealed under the same key.
-    """
-
-
-class UnknownKey(ProtectionError):
-    """No key of this id was ever issued by this key store.
-
-    Terminal until fixed: the value was sealed with another key store (check the key directory the
-    process is configured with) or the store's files were lost or restored from an older copy.
-    """
-
-
-class TamperedValue(ProtectionError):
-    """A sealed value does not open under its key, run and slot: it was altered, moved to another slot
-    or run, or is not a sealed value at all. An integrity fault: keep the event and investigate."""
-
-
-# ---- keys -------------------------------------------------------------------------------------------
-
-
-class SubjectKey:
-    """One generation of one subject's key: its id and 32 secret bytes. `wipe()` zeroes the secret.
-
-    Key stores hand out copies: a caller wipes its copy when done without touching the store's.
-    """
-
-    __slots__ = ("_secret", "kid")
-
-    def __init__(self, kid: str, secret: bytes | bytearray | memoryview) -> None:
-        if _KID.fullmatch(kid) is None:
-            raise ValueError("a key id is '<32 hex digits>.<generation>'")
-        if len(secret) != _KEY_BYTES:
-            raise ValueError(f"a subject key is {_KEY_BYTES} bytes")
-        self.kid = kid
-        self._secret = bytearray(secret)
-
-    @property
-    def secret(self) -> bytearray:
-        if not any(self._secret):
-            raise ProtectionError(f"key {self.kid} was wiped")
-        return self._secret
-
-    def wipe(self) -> None:
-        for i in range(len(self._secret)):
-            self._secret[i] = 0
-
-    def __repr__(self) -> str:
-        return f"SubjectKey({self.kid!r}, secret=<{_KEY_BYTES} bytes>)"
-
-
-def subject_handle(subject: str | None) -> str:
-    """The name a key store gives a subject: 32 hex digits of a SHA-256 of its user id (None: runs
-    without a user id share the subject "anonymous"). It keeps raw user ids (often e-mail addresses)
-    out of file names and key ids; it is not a secret, as every event carries its user id in clear."""
-    raw = b"anonymous" if subject is None else b"user\x00" + subject.encode("utf-8", "surrogatepass")
-    return hashlib.sha256(b"preflight-audit/subject/v1\x00" + raw).hexdigest()[:32]
-
-
-def make_kid(handle: str, generation: int) -> str:
-    return f"{handle}.{generation}"
-
-
-def parse_kid(kid: str) -> tuple[str, int]:
-    """(subject handle, generation) of a key id; `UnknownKey` for anything that is not one."""
-    match = _KID.fullmatch(kid) if isinstance(kid, str) else None
-    if match is None:
-        raise UnknownKey(f"not a key id: {kid!r:.80}")
-    return match.group(1), int(match.group(2))
+# ---- erasure ---------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -223,207 +135,6 @@ def erase(keystore: KeyStore, subject: str | None) -> Erasure:
     """
     kids = keystore.erase(subject)
     return Erasure(subject_handle(subject), tuple(kids), _now())
-
-
-class FileKeyStore:
-    """Keys in a directory: one key file per subject, named by `subject_handle`, mode 0600.
-
-    Layout (the directory is created mode 0700)::
-
-        <handle>.key     b"PFK1" + generation (4 bytes, big endian) + 32 secret bytes
-        <handle>.erased  JSON {"erased": [{"kid": "<handle>.<g>", "erased_at": ...}, ...]}: no key material
-
-    A key file is created atomically (written to a private temporary file, then hard-linked into place,
-    which fails if another process got there first: both then use the same key). `erase` first writes
-    the erased marker, then overwrites the key file in place with random bytes, syncs it and deletes it;
-    an erase interrupted half-way is finished by the next call that meets the key. After an erase the
-    subject's next run creates generation g+1: the subject can keep using the agent, and the marker
-    lets an opener tell "erased" (`ValueErased`, expected) from "never issued" (`UnknownKey`, a fault).
-
-    Overwriting cannot reach copies the file system or the disk keep elsewhere (journals, copy-on-write
-    snapshots, SSD remapping) nor backups: keep the key directory out of backups, or on storage whose
-    copies are erased with it. Files readable by group or others are refused.
-    """
-
-    _MAGIC = b"PFK1"
-    _FILE_BYTES = 4 + 4 + _KEY_BYTES
-
-    def __init__(self, directory: str | os.PathLike[str]) -> None:
-        self.directory = Path(directory)
-        try:
-            self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        except OSError as exc:
-            raise KeyStoreError(f"cannot create the key directory {self.directory}: {exc.strerror}") from exc
-        if not self.directory.is_dir():
-            raise KeyStoreError(f"the key directory {self.directory} is not a directory")
-
-    def __repr__(self) -> str:
-        return f"FileKeyStore({str(self.directory)!r})"
-
-    # -- the port ----------------------------------------------------------------------------------------
-
-    def key_for(self, subject: str | None) -> SubjectKey:
-        handle = subject_handle(subject)
-        erased = self._erased(handle)
-        current = self._read(handle)
-        if current is not None and current.kid in erased:
-            current.wipe()
-            self._shred(handle)  # an erase that was interrupted before the key file was gone
-            current = None
-        if current is not None:
-            return current
-        generation = max((parse_kid(kid)[1] for kid in erased), default=0) + 1
-        return self._create(handle, generation)
-
-    def key_by_id(self, kid: str) -> SubjectKey:
-        handle, _ = parse_kid(kid)
-        if kid in self._erased(handle):
-            raise ValueErased(f"key {kid} was erased")
-        current = self._read(handle)
-        if current is None or current.kid != kid:
-            if current is not None:
-                current.wipe()
-            raise UnknownKey(f"key {kid} was never issued by {self!r}")
-        return current
-
-    def erase(self, subject: str | None) -> list[str]:
-        handle = subject_handle(subject)
-        erased = self._erased(handle)
-        current = self._read(handle)
-        kids: list[str] = []
-        if current is not None:
-            kids.append(current.kid)
-            current.wipe()
-        entries = [{"kid": kid, "erased_at": at} for kid, at in erased.items()]
-        entries += [{"kid": kid, "erased_at": _now()} for kid in kids if kid not in erased]
-        self._write_marker(handle, entries)
-        self._shred(handle)
-        return kids
-
-    # -- files -------------------------------------------------------------------------------------------
-
-    def _path(self, handle: str, suffix: str) -> Path:
-        return self.directory / f"{handle}{suffix}"
-
-    def _read(self, handle: str) -> SubjectKey | None:
-        path = self._path(handle, ".key")
-        try:
-            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-        except FileNotFoundError:
-            return None
-        except OSError as exc:
-            raise KeyStoreError(f"cannot read key file {path.name}: {exc.strerror}") from exc
-        buffer = bytearray(self._FILE_BYTES)
-        try:
-            info = os.fstat(fd)
-            if info.st_mode & 0o077:
-                raise KeyStoreError(f"key file {path.name} is readable by others: chmod 600 it (and 700 its dir)")
-            with os.fdopen(fd, "rb", buffering=0, closefd=True) as handle_file:
-                fd = -1
-                read = handle_file.readinto(buffer)
-            if read != self._FILE_BYTES or buffer[:4] != self._MAGIC:
-                raise KeyStoreError(f"key file {path.name} is not a preflight key file")
-            generation = int.from_bytes(buffer[4:8], "big")
-            if generation < 1:
-                raise KeyStoreError(f"key file {path.name} has no valid generation")
-            return SubjectKey(make_kid(handle, generation), memoryview(buffer)[8:])
-        finally:
-            if fd >= 0:
-                os.close(fd)
-            buffer[:] = bytes(len(buffer))
-
-    def _create(self, handle: str, generation: int) -> SubjectKey:
-        final = self._path(handle, ".key")
-        temporary = self._path(handle, f".{os.urandom(8).hex()}.tmp")
-        content = bytearray(self._MAGIC + generation.to_bytes(4, "big") + os.urandom(_KEY_BYTES))
-        linked = False
-        try:
-            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            try:
-                os.write(fd, content)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            try:
-                os.link(temporary, final)  # fails if another process created the key first: use that one
-                linked = True
-            except FileExistsError:
-                pass
-            self._sync_directory()
-        except OSError as exc:
-            raise KeyStoreError(f"cannot create a key file in {self.directory}: {exc.strerror}") from exc
-        finally:
-            content[:] = bytes(len(content))
-            with contextlib.suppress(OSError):
-                if not linked:  # an unused secret of our own: destroy it (a linked one *is* the key file)
-                    self._overwrite(temporary)
-                temporary.unlink()
-        created = self._read(handle)
-        if created is None:
-            raise KeyStoreError(f"the key file {final.name} vanished right after it was created")
-        return created
-
-    def _erased(self, handle: str) -> dict[str, str]:
-        path = self._path(handle, ".erased")
-        try:
-            data = json.loads(path.read_bytes())
-            return {str(e["kid"]): str(e["erased_at"]) for e in data["erased"]}
-        except FileNotFoundError:
-            return {}
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise KeyStoreError(f"erased marker {path.name} is unreadable: {type(exc).__name__}") from exc
-
-    def _write_marker(self, handle: str, entries: list[dict[str, str]]) -> None:
-        path = self._path(handle, ".erased")
-        temporary = self._path(handle, f".{os.urandom(8).hex()}.tmp")
-        try:
-            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            try:
-                os.write(fd, canonical_json({"erased": entries}))
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(temporary, path)
-            self._sync_directory()
-        except OSError as exc:
-            raise KeyStoreError(f"cannot write the erased marker {path.name}: {exc.strerror}") from exc
-
-    def _shred(self, handle: str) -> None:
-        path = self._path(handle, ".key")
-        try:
-            self._overwrite(path)
-            path.unlink()
-            self._sync_directory()
-        except FileNotFoundError:
-            return
-        except OSError as exc:
-            raise KeyStoreError(f"cannot destroy key file {path.name}: {exc.strerror}") from exc
-
-    @staticmethod
-    def _overwrite(path: Path) -> None:
-        fd = os.open(path, os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0))
-        try:
-            size = os.fstat(fd).st_size
-            os.write(fd, os.urandom(size))
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-    def _sync_directory(self) -> None:
-        try:
-            fd = os.open(self.directory, os.O_RDONLY)
-        except OSError:
-            return
-        try:
-            os.fsync(fd)
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
-
-    def files(self) -> list[str]:
-        """The names in the key directory (for checks: no user id appears in them)."""
-        return sorted(p.name for p in self.directory.iterdir())
 
 
 # ---- the cipher -------------------------------------------------------------------------------------

@@ -48,7 +48,9 @@ def _member(result: Any, name: str) -> Any:
 
 
 def tool_error(result: Any) -> ToolError | None:
-    """The failure an MCP error result reports (None for any other result)."""
+    """The failure an MCP error result reports (None for any other result). An SDK object is read by its
+    wire names (the SDK's `CallToolResult` keeps ``isError`` as its attribute ``is_error``)."""
+    result = as_json(result)
     if _member(result, "isError") is not True:
         return None
     texts = []
@@ -64,7 +66,7 @@ def tool_error(result: Any) -> ToolError | None:
 
 def structured_content(result: Any) -> Any:
     """The result's ``structuredContent`` (None if it has none)."""
-    return as_json(_member(result, "structuredContent"))
+    return _member(as_json(result), "structuredContent")
 
 
 def output_check(content: Any, schema: Mapping[str, Any] | None) -> str | None:

@@ -55,7 +55,6 @@ __all__ = [
     "format_time",
     "key_id_of",
     "parse_time",
-    "read_public_key_files",
 ]
 
 ALGORITHM = "ed25519"
@@ -262,11 +261,9 @@ class DecisionSigner:
 
     @classmethod
     def from_pem_file(cls, path: str | Path, *, password: bytes | None = None, **options: Any) -> DecisionSigner:
-        try:
-            data = Path(path).read_bytes()
-        except OSError as exc:
-            raise SigningKeyError(f"the private key file could not be read: {exc}") from exc
-        return cls.from_pem(data, password=password, **options)
+        from preflight.adapters.pem import read_private_key_file
+
+        return cls.from_pem(read_private_key_file(path), password=password, **options)
 
     def private_pem(self, password: bytes | None = None) -> bytes:
         """The private key as PKCS#8 PEM (encrypted when `password` is given)."""
@@ -312,20 +309,6 @@ class DecisionSigner:
     def verifier(self, **options: Any) -> DecisionVerifier:
         """A verifier that trusts this signer's key."""
         return DecisionVerifier({self.key_id: self.public_key}, **options)
-
-
-def read_public_key_files(*paths: str | Path) -> tuple[bytes, ...]:
-    """The bytes of each PEM public key file.
-
-    :raises SigningKeyError: a file cannot be read.
-    """
-    pems = []
-    for path in paths:
-        try:
-            pems.append(Path(path).read_bytes())
-        except OSError as exc:
-            raise SigningKeyError(f"a public key file could not be read: {exc}") from exc
-    return tuple(pems)
 
 
 class DecisionVerifier:
@@ -376,6 +359,8 @@ class DecisionVerifier:
 
     @classmethod
     def from_pem_files(cls, *paths: str | Path, **options: Any) -> DecisionVerifier:
+        from preflight.adapters.pem import read_public_key_files
+
         return cls.from_pem(*read_public_key_files(*paths), **options)
 
     @property

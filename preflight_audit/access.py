@@ -1,9 +1,10 @@
 """Who may read what: the API's bearer tokens and roles, and the two views of a query's rows.
 
 Tokens (`TokenTable`) come from the settings: ``PREFLIGHT_API_TOKENS`` as ``role:token,role:token``
-and/or the file ``PREFLIGHT_API_TOKENS_FILE`` with one ``role:token`` a line (blank lines and ``#``
-comments ignored). A token is at least `MIN_TOKEN_LENGTH` characters; one token has one role. A
-presented token is compared with every configured one by `hmac.compare_digest`.
+and/or the file ``PREFLIGHT_API_TOKENS_FILE`` with one ``role:token`` a line, both read by one parser
+(`parse_tokens`): entries separated by commas or line breaks, blank lines and lines starting with ``#``
+ignored; a ``#`` inside a token is part of it. A token is at least `MIN_TOKEN_LENGTH` characters; one
+token has one role. A presented token is compared with every configured one by `hmac.compare_digest`.
 
 The views (SPEC §3, "values and privacy"), applied to every answer of a query that can carry a value
 (provenance and responsibility; see `VALUE_CELLS`):
@@ -40,6 +41,7 @@ __all__ = [
     "MIN_TOKEN_LENGTH",
     "PROTECTION_COLUMN",
     "ROLES",
+    "SEALED_TEXTS",
     "UNREADABLE",
     "VALUE_CELLS",
     "TokenTable",
@@ -90,23 +92,31 @@ class TokenTable:
         return found
 
 
-def _entries(text: str, where: str, separator: str) -> list[tuple[str, str]]:
+def _entries(text: str, where: str) -> list[tuple[str, str]]:
+    """The ``role:token`` entries of `text` -- the variable's value or the file's content, read alike:
+    entries are separated by commas or line breaks, and a line whose first non-blank character is ``#``
+    is a comment. A ``#`` anywhere else is part of the entry (a token may contain one, wherever it is
+    configured); a comment after an entry on its line makes the token contain a space, which is refused."""
     pairs = []
-    for number, raw in enumerate(text.split(separator), start=1):
-        item = raw.split("#", 1)[0].strip() if separator == "\n" else raw.strip()
-        if not item:
+    for line_number, line in enumerate(text.splitlines() or [""], start=1):
+        if line.strip().startswith("#"):
             continue
-        role, sep, token = item.partition(":")
-        role, token = role.strip(), token.strip()
-        place = f"{where} line {number}" if separator == "\n" else f"{where} entry {number}"
-        if not sep or role not in ROLES:
-            raise ConfigurationError(f"{place}: expected role:token with a role of {sorted(ROLES)}")
-        if len(token) < MIN_TOKEN_LENGTH or any(c.isspace() for c in token):
-            raise ConfigurationError(
-                f"{place}: a {role} token must be at least {MIN_TOKEN_LENGTH} characters without spaces"
-                " (e.g. `python -c 'import secrets; print(secrets.token_urlsafe(32))'`)"
-            )
-        pairs.append((role, token))
+        for entry_number, raw in enumerate(line.split(","), start=1):
+            item = raw.strip()
+            if not item:
+                continue
+            role, sep, token = item.partition(":")
+            role, token = role.strip(), token.strip()
+            place = f"{where} line {line_number} entry {entry_number}"
+            if not sep or role not in ROLES:
+                raise ConfigurationError(f"{place}: expected role:token with a role of {sorted(ROLES)}")
+            if len(token) < MIN_TOKEN_LENGTH or any(c.isspace() for c in token):
+                hint = " (a comment goes on a line of its own, starting with #)" if "#" in token else ""
+                raise ConfigurationError(
+                    f"{place}: a {role} token must be at least {MIN_TOKEN_LENGTH} characters without spaces{hint}"
+                    " (e.g. `python -c 'import secrets; print(secrets.token_urlsafe(32))'`)"
+                )
+            pairs.append((role, token))
     return pairs
 
 
@@ -116,13 +126,13 @@ def parse_tokens(inline: str | None, file: Path | None) -> TokenTable:
     :raises ConfigurationError: an entry that is not ``role:token`` with a known role and a long enough
         token, a token given twice with two roles, or an unreadable file (never naming a token).
     """
-    pairs = _entries(inline, "PREFLIGHT_API_TOKENS", ",") if inline else []
+    pairs = _entries(inline, "PREFLIGHT_API_TOKENS") if inline else []
     if file is not None:
         try:
             text = file.read_text(encoding="utf-8")
         except OSError as exc:
             raise ConfigurationError(f"the API tokens file {file} cannot be read: {exc.strerror or exc}") from exc
-        pairs += _entries(text, f"the API tokens file {file}", "\n")
+        pairs += _entries(text, f"the API tokens file {file}")
     roles: dict[str, str] = {}
     for role, token in pairs:
         if roles.setdefault(token, role) != role:
@@ -138,6 +148,17 @@ def parse_tokens(inline: str | None, file: Path | None) -> TokenTable:
 VALUE_CELLS: dict[str, dict[str, str]] = {
     "provenance": {"value": "value", "note": "note", "value_sealed": "value"},
     "responsibility": {"answer": "value", "detail": "note"},
+}
+
+#: Per query, the columns that hold a sealed text of the run's (the user's words about the act, a reason
+#: that may quote them) -- column -> the protected slots it may have been sealed under. Compliance reads them
+#: opened; an analyst, as any sealed cell, as its token.
+SEALED_TEXTS: dict[str, dict[str, tuple[str, ...]]] = {
+    "runs_search": {
+        "readable_action_key": ("readable_action_key",),
+        "c2_user_action_name": ("fixed/c2_user_action_name",),
+        "reason": ("reason", "outcome/reason"),
+    },
 }
 
 #: Detail texts the `responsibility` query writes itself (never a value).
@@ -277,8 +298,11 @@ def compliance_rows(
             shown[column] = opened
             if kind == "value":
                 protection = status
+        texts = SEALED_TEXTS.get(query, {})
         for column, value in list(shown.items()):
-            if column not in cells:
+            if column in texts and sealed_in(value) is not None:
+                shown[column] = opener.open(sealed_in(value), row.get("run_id"), texts[column])[0]
+            elif column not in cells:
                 shown[column] = _walk(value, lambda sealed: UNREADABLE)
         out.append(shown | ({PROTECTION_COLUMN: protection} if cells else {}))
     return out

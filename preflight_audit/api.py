@@ -10,14 +10,17 @@
 * ``GET /gap-rates[?from_day=YYYY-MM-DD][&to_day=...]`` -- instruction-gap vs action-definition-gap
   rates by day, tool and agent (query ``gap_rates``);
 * ``GET /integrity[?action_key=...]`` -- findings that should never exist (query ``integrity``);
-* ``GET /healthz`` -- 200 once the database opens at the current schema, else 503.
+* ``GET /healthz`` -- 200 once the database opens at the current schema, else 503; answered on the event
+  loop, never queued behind the queries in the thread pool, so it answers under load.
 
 Bad input is a 422 with FastAPI's usual body. Every answer is ``{"query", "params", "count", "columns",
 "rows"}``, each row an object keyed by column, values as JSON (field values decoded from their JSON).
 
 Who may call what: every route but ``/healthz`` (and the OpenAPI pages) needs ``Authorization: Bearer
-<token>``; the token's role comes from the settings (`preflight_audit.access.TokenTable`). No token or
-an unknown one is a 401 with ``WWW-Authenticate: Bearer``; a role the route does not admit a 403.
+<token>``, checked before the database is touched (an unauthenticated request learns nothing about it);
+no answer names a path of the server; the token's role comes from the settings
+(`preflight_audit.access.TokenTable`). No token or an unknown one is a 401 with ``WWW-Authenticate:
+Bearer``; a role the route does not admit a 403.
 Provenance and responsibility admit ``compliance`` and ``analyst`` and answer each in its view
 (`preflight_audit.access`): compliance gets values opened with the key store (``"erased"`` after an
 erasure), an analyst never gets a value -- a sealed one becomes its keyed token, a plaintext one a
@@ -32,26 +35,33 @@ the API reads what each committed batch wrote.
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
+import anyio
+import anyio.to_thread
 import duckdb
 from fastapi import Depends, FastAPI, HTTPException, Query, Request
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import HTMLResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, Field
 
 import queries
 from preflight.protect import ValueProtector
-from preflight_audit import report
+from preflight_audit import console, report
 from preflight_audit.access import PROTECTION_COLUMN, ROLES, TokenTable, analyst_rows, compliance_rows
 from projections import ProjectionError, migrations, open_database
 
 __all__ = ["ROLES", "Caller", "QueryAnswer", "caller", "create_app", "requires"]
 
+_log = logging.getLogger(__name__)
 _MAX_ID = 256
 _BEARER = HTTPBearer(auto_error=False, description="a token from PREFLIGHT_API_TOKENS (role compliance or analyst)")
 
@@ -107,12 +117,12 @@ class QueryAnswer(BaseModel):
 
 class Health(BaseModel):
     status: str
-    database: str
     migrations: int = Field(description="the schema migrations the database is at")
 
 
 class _Database:
-    """The projection database, opened on first use; a cursor per request."""
+    """The projection database, opened on first use; a cursor per request. Its answers never name its
+    path (the server's log does)."""
 
     def __init__(self, path: Path, read_only: bool) -> None:
         self.path = path
@@ -120,16 +130,30 @@ class _Database:
         self._con: duckdb.DuckDBPyConnection | None = None
         self._lock = threading.Lock()
 
-    def cursor(self) -> duckdb.DuckDBPyConnection:
+    @property
+    def is_open(self) -> bool:
+        return self._con is not None
+
+    def open(self) -> None:
+        """Open it, if it is not open yet (503 when it cannot be)."""
         with self._lock:
-            if self._con is None:
-                if self.read_only and not self.path.is_file():
-                    raise HTTPException(status_code=503, detail=f"no projection database at {self.path} yet")
-                try:
-                    self._con = open_database(self.path, read_only=self.read_only)
-                except ProjectionError as exc:
-                    raise HTTPException(status_code=503, detail=f"projection database unavailable: {exc}") from exc
-            return self._con.cursor()
+            if self._con is not None:
+                return
+            if self.read_only and not self.path.is_file():
+                _log.warning("no projection database at %s yet", self.path)
+                raise HTTPException(status_code=503, detail="the projection database does not exist yet")
+            try:
+                self._con = open_database(self.path, read_only=self.read_only)
+            except ProjectionError as exc:
+                _log.warning("the projection database %s cannot be opened: %s", self.path, exc)
+                raise HTTPException(status_code=503, detail="the projection database cannot be opened yet") from exc
+
+    def cursor(self) -> duckdb.DuckDBPyConnection:
+        self.open()
+        con = self._con
+        if con is None:  # closed meanwhile (the app is stopping)
+            raise HTTPException(status_code=503, detail="the projection database is closed")
+        return con.cursor()
 
     def close(self) -> None:
         with self._lock:
@@ -138,8 +162,8 @@ class _Database:
                 con.close()
 
 
-def connection(request: Request) -> Iterator[duckdb.DuckDBPyConnection]:
-    """A cursor on the app's database for one request."""
+def connection(request: Request, who: Annotated[Caller, Depends(caller)]) -> Iterator[duckdb.DuckDBPyConnection]:
+    """A cursor on the app's database for one request -- only once the caller is known (401 first)."""
     database: _Database = request.app.state.database
     cursor = database.cursor()
     try:
@@ -166,7 +190,8 @@ def _answer(
     except queries.QueryParameterError as exc:
         raise HTTPException(status_code=422, detail=str(exc)) from exc
     except ProjectionError as exc:
-        raise HTTPException(status_code=503, detail=f"the query could not run: {exc}") from exc
+        _log.warning("query %s failed: %s", name, exc)
+        raise HTTPException(status_code=503, detail=f"the query {name} could not run (see the server's log)") from exc
     raw = report.json_rows(name, result)
     # Every answer goes through a view: the analyst's unless the caller holds the compliance role.
     rows = compliance_rows(name, raw, protector) if "compliance" in who.roles else analyst_rows(name, raw)
@@ -177,10 +202,11 @@ def _answer(
     return QueryAnswer(query=name, params=shown, count=len(rows), columns=columns, rows=rows)
 
 
-def _one_of(**given: str | None) -> dict[str, str | None]:
-    if all(v is None for v in given.values()):
-        names = " or ".join(given)
-        raise HTTPException(status_code=422, detail=f"give {names}")
+def _narrowed(name: str, **given: str | None) -> dict[str, str | None]:
+    """`given`, once the query's own rule (``-- require one of:``) is met; 422 otherwise."""
+    missing = queries.load(name).narrowing_missing(given)
+    if missing is not None:
+        raise HTTPException(status_code=422, detail=missing)
     return given
 
 
@@ -190,10 +216,12 @@ def create_app(
     read_only: bool = True,
     tokens: TokenTable | None = None,
     protector: ValueProtector | None = None,
+    ledger_keys: Sequence[Any] = (),
 ) -> FastAPI:
-    """The read API over the projection database at `database` (see the module doc). `tokens`: who may
-    call it (None or empty: nobody but ``/healthz``); `protector`: opens values for compliance (None:
-    sealed values answer ``"unreadable"``)."""
+    """The read API over the projection database at `database` (see the module doc), with the console at
+    ``/console/`` (`preflight_audit.console`). `tokens`: who may call it (None or empty: nobody but
+    ``/healthz``); `protector`: opens values for compliance (None: sealed values answer
+    ``"unreadable"``); `ledger_keys`: the ledger's public keys, for the console's "verify now"."""
     db = _Database(Path(database), read_only)
 
     @asynccontextmanager
@@ -208,14 +236,25 @@ def create_app(
         version="0.1.0",
         summary="Provenance, responsibility and gap rates from the preflight audit projections.",
         lifespan=lifespan,
+        docs_url=None,  # served below from local files: no CDN
+        redoc_url=None,
     )
     app.state.database = db
     app.state.tokens = tokens if tokens is not None else TokenTable(())
+    app.state.protector = protector
+    _offline_docs(app)
+    console.install(app, ledger_keys=ledger_keys)
+
+    # Health has a thread of its own for opening the database: it never waits behind the queries, which
+    # share the app's thread pool; once the database is open it answers on the event loop.
+    opening = anyio.CapacityLimiter(1)
 
     @app.get("/healthz", response_model=Health, tags=["operations"])
-    def healthz(con: Connection) -> Health:
+    async def healthz() -> Health:
         """200 once the projection database opens at the current schema (503 otherwise)."""
-        return Health(status="ok", database=str(db.path), migrations=len(migrations()))
+        if not db.is_open:
+            await anyio.to_thread.run_sync(db.open, limiter=opening)
+        return Health(status="ok", migrations=len(migrations()))
 
     @app.get("/provenance", response_model=QueryAnswer, tags=["compliance", "analyst"])
     def provenance(
@@ -227,7 +266,7 @@ def create_app(
         """Each field's value, where the run read it and who supplied it, for an action_key or a run
         (an inherited value traced to the executed run that first supplied it). Compliance: values
         opened; analyst: tokens and markers, never a value."""
-        params = _one_of(action_key=action_key, run_id=run_id)
+        params = _narrowed("provenance", action_key=action_key, run_id=run_id)
         answer = _answer(con, "provenance", params, who, protector)
         if not answer.count:
             raise HTTPException(status_code=404, detail=f"no projected run with {_described(params)}")
@@ -242,7 +281,7 @@ def create_app(
     ) -> QueryAnswer:
         """Slot by slot, which party answered or blocked it and which gate decided, for an execute
         decision or a run. Compliance: values opened; analyst: tokens and markers, never a value."""
-        params = _one_of(decision_id=decision_id, run_id=run_id)
+        params = _narrowed("responsibility", decision_id=decision_id, run_id=run_id)
         answer = _answer(con, "responsibility", params, who, protector)
         if not answer.count:
             raise HTTPException(status_code=404, detail=f"no projected run with {_described(params)}")
@@ -269,6 +308,25 @@ def create_app(
         return _answer(con, "integrity", {"action_key": action_key}, who, protector)
 
     return app
+
+
+def _offline_docs(app: FastAPI) -> None:
+    """``/docs``: Swagger UI (5.x, which reads OpenAPI 3.1) from the files the ``fastapi-offline`` package
+    ships, served here: it renders with no network, nothing is fetched from a CDN."""
+    import fastapi_offline
+
+    assets = Path(fastapi_offline.__file__).parent / "static"
+    app.mount("/docs-assets", StaticFiles(directory=assets), name="docs-assets")
+
+    @app.get("/docs", include_in_schema=False)
+    def docs() -> HTMLResponse:
+        return get_swagger_ui_html(
+            openapi_url="/openapi.json",
+            title=f"{app.title} - docs",
+            swagger_js_url="/docs-assets/swagger-ui-bundle.js",
+            swagger_css_url="/docs-assets/swagger-ui.css",
+            swagger_favicon_url="/docs-assets/favicon.png",
+        )
 
 
 def _described(params: dict[str, str | None]) -> str:

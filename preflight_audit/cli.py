@@ -12,6 +12,9 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import functools
+import json
+import os
+import re
 import signal
 import sys
 import traceback
@@ -25,6 +28,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
+from typer.core import TyperGroup
 
 import queries
 from preflight_audit import report
@@ -46,16 +51,61 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
+#: How wide tables may be when stdout is not a terminal (a pipe, a file) and ``COLUMNS`` is not set --
+#: as wide as they need (no cell cut, "inst…"); a terminal's own width is used as it is.
+_PIPE_WIDTH = 1000
+
+
 def _out() -> Console:
-    """stdout, sized to the terminal (or ``COLUMNS``) at the time of the call."""
-    return Console()
+    """stdout, sized to the terminal (or ``COLUMNS``) at the time of the call; piped, `_PIPE_WIDTH` wide."""
+    console = Console()
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console = Console(width=_PIPE_WIDTH)
+    return console
 
 
 def _err() -> Console:
     return Console(stderr=True)
 
 
+#: The errors of the click Typer runs commands with (it carries its own copy of click).
+_ClickError: type[Exception] = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+_UsageError: type[Exception] = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
+_ClickContext: type[Any] = next(c for c in typer.Context.__mro__ if c.__name__ == "Context" and c is not typer.Context)
+
+
+class _Commands(TyperGroup):
+    """The command group, with usage errors as one line on stderr (``error: ...``, exit 2) instead of a box."""
+
+    def main(  # type: ignore[override]
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> Any:
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        try:
+            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except _ClickError as exc:
+            if type(exc).__name__ == "NoArgsIsHelpError":  # no arguments: the help, as asked
+                typer.echo(exc.format_message())  # type: ignore[attr-defined]
+                sys.exit(0)
+            message = " ".join(exc.format_message().split())  # type: ignore[attr-defined]
+            command = getattr(getattr(exc, "ctx", None), "command_path", "preflight-audit")
+            hint = f" (see {command} --help)" if isinstance(exc, _UsageError) else ""
+            _err().print(f"[bold red]error:[/] {escape(message)}{hint}", soft_wrap=True, highlight=False)
+            sys.exit(getattr(exc, "exit_code", EXIT_USAGE))
+        except typer.Abort:
+            _err().print("[bold red]error:[/] interrupted", soft_wrap=True)
+            sys.exit(130)
+        sys.exit(code if isinstance(code, int) else 0)
+
+
 app = typer.Typer(
+    cls=_Commands,
     name="preflight-audit",
     help="Event-sourced audit of AI agents' tool calls: run the whole system, the demo, and the named queries.",
     epilog="Settings: options, then PREFLIGHT_* variables, then preflight-audit.toml (see the README).",
@@ -106,18 +156,20 @@ def _reported(fn: Callable[P, R]) -> Callable[P, R]:
 
     @functools.wraps(fn)
     def command(*args: P.args, **kwargs: P.kwargs) -> R:
-        ctx = click.get_current_context(silent=True)
+        # The command's own context argument (Typer runs commands with a click of its own, whose context
+        # stack is not the `click` package's).
+        ctx = next((a for a in [*args, *kwargs.values()] if isinstance(a, _ClickContext)), None)
         debug = bool(ctx is not None and isinstance(ctx.obj, _Options) and ctx.obj.debug)
         try:
             return fn(*args, **kwargs)
-        except (typer.Exit, click.ClickException, click.exceptions.Abort):
+        except (typer.Exit, typer.Abort, _ClickError, click.ClickException, click.exceptions.Abort):
             raise
         except (KeyboardInterrupt, asyncio.CancelledError):
             err = Interrupted("interrupted: everything that was started is stopped")
             raise _fail(str(err), err.exit_code) from None
         except Exception as exc:
             if debug:
-                traceback.print_exc()
+                traceback.print_exc()  # then the one line, as always
             services = sys.modules.get("preflight_audit.services")  # loaded by every command that handles SIGTERM
             if services is not None and services.TERMINATED.is_set():  # a library wrapped our KeyboardInterrupt
                 err = Interrupted("interrupted: everything that was started is stopped")
@@ -167,19 +219,29 @@ def demo(
     ),
     sessions: Annotated[int, typer.Option(min=0, max=5000, help="generated sessions to play")] = 300,
     seed: Annotated[int, typer.Option(help="the generator's seed")] = 7,
+    serve_console: Annotated[
+        bool, typer.Option("--serve", help="then serve the console on the demo's data until Ctrl-C")
+    ] = False,
+    port: Annotated[
+        int | None, typer.Option("--port", min=0, max=65535, help="the console's port with --serve (0: any free one)")
+    ] = None,
 ) -> None:
     """Play the seed's cases and a few hundred agent sessions through the whole system, and show the audit.
 
     Starts the broker, the fold worker and the projector; plays the sessions through the real engine;
     prints one action's provenance, one decision's responsibility and the gap rates from the projections;
-    writes the gap-rate chart (and the database and logs) to --out; stops everything it started.
+    writes the gap-rate chart (and the database and logs) to --out; stops everything it started. With
+    --serve it then serves the compliance console on the demo's database and prints its URL and tokens.
     """
     from preflight_audit.demo import DemoOptions, run_demo
+    from preflight_audit.demo import serve_console as serve_demo_console
     from preflight_audit.services import interruptible
 
     settings = _settings(ctx)
     with interruptible():
-        run_demo(settings, DemoOptions(out=out, sessions=sessions, seed=seed), _out())
+        result = run_demo(settings, DemoOptions(out=out, sessions=sessions, seed=seed), _out())
+        if serve_console:
+            serve_demo_console(result, settings, _out(), port)
 
 
 # ---- query ------------------------------------------------------------------------------------------------
@@ -245,15 +307,57 @@ def _open_read_only(path: Path) -> Any:
 
 
 def _list_queries() -> None:
-    table = Table(title="Named queries (queries/*.sql)", title_justify="left", header_style="bold")
-    table.add_column("name")
-    table.add_column("parameters")
-    table.add_column("answers")
+    """Each query: its name and parameters, then its whole description (wrapped, never cut)."""
+    out = _out()
+    out.print("[bold]Named queries[/] (queries/*.sql): preflight-audit query NAME -p name=value ... --db FILE")
     for name in queries.names():
         q = queries.load(name)
-        params = "\n".join(f"{p.name} {p.sql_type}{'' if p.optional else ' (required)'}" for p in q.params)
-        table.add_row(name, params or "-", q.summary)
-    _out().print(table)
+        params = ", ".join(f"{p.name} {p.sql_type}{'' if p.optional else ' (required)'}" for p in q.params)
+        needs = f"; needs one of {', '.join(q.one_of)}" if q.one_of else ""
+        out.print()
+        out.print(f"[bold]{name}[/]  {escape(params or 'no parameters')}{needs}", highlight=False)
+        out.print(Text(q.summary), style="", highlight=False)
+
+
+class Role(StrEnum):
+    compliance = "compliance"
+    analyst = "analyst"
+
+
+#: The parameters that name a run or a decision by id: a unique prefix of one (a short id, as tables show
+#: it) stands for the whole id.
+_ID_PARAMS = ("run_id", "decision_id")
+
+
+class AmbiguousIdError(UsageError):
+    """A short id is the start of more than one run or decision id: give more of it (the message lists
+    some of the ids it could be)."""
+
+
+class UnknownIdError(UsageError):
+    """No run or decision id is, or starts with, the id given: check it (``query runs_search`` lists runs)."""
+
+
+def _whole_ids(con: Any, params: dict[str, Any]) -> dict[str, Any]:
+    """`params` with every run or decision id given as a unique prefix replaced by the whole id.
+
+    :raises UnknownIdError: no id is or starts with it. :raises AmbiguousIdError: several start with it."""
+    resolved = dict(params)
+    for name in _ID_PARAMS:
+        given = params.get(name)
+        if not isinstance(given, str) or not given:
+            continue
+        found = [r["id"] for r in queries.run(con, "id_prefix", prefix=given).dicts() if r["kind"] == name]
+        if given in found:
+            continue
+        if not found:
+            raise UnknownIdError(f"no {name.replace('_', ' ')} is or starts with {given!r}")
+        if len(found) > 1:
+            raise AmbiguousIdError(
+                f"{name}={given!r} is the start of several ids ({', '.join(found)}, ...): give more of it"
+            )
+        resolved[name] = found[0]
+    return resolved
 
 
 @app.command("settings")
@@ -324,45 +428,91 @@ def query(
         str | None, typer.Option("--columns", "-c", help="comma-separated columns for the table, or 'all'")
     ] = None,
     db: Annotated[Path | None, typer.Option("--db", help="the projection database (default: settings)")] = None,
+    role: Annotated[
+        Role,
+        typer.Option("--as", help="whose view: compliance reads values (opened with the key store), an analyst tokens"),
+    ] = Role.analyst,
+    key_dir: Annotated[
+        Path | None, typer.Option("--key-dir", help="the key store values open with, for --as compliance")
+    ] = None,
 ) -> None:
     """Run a named query against the projection database (without a name: list the queries).
 
-    Example: preflight-audit query provenance -p run_id=... --format json
+    Values are shown in a role's view, as the HTTP API shows them: an analyst (the default) never sees a
+    value (tokens instead), compliance reads them opened with the key store ("erased" after `erase`).
+    Run and decision ids may be given short, as tables show them.
+
+    Example: preflight-audit query provenance -p run_id=bbd253ab --as compliance --db demo-out/audit.duckdb
     """
     if name is None:
         _list_queries()
         return
     named = queries.load(name)
     params = _parse_params(named, param or [])
-    settings = _settings(ctx, database=db)
+    missing = named.narrowing_missing(params)
+    if missing is not None:
+        raise UsageError(f"{missing} (-p name=value): without one it would answer every run")
+    settings = _settings(ctx, database=db, key_dir=key_dir)
     con = _open_read_only(settings.database)
     try:
+        params = _whole_ids(con, params)
         result = queries.run(con, name, **params)
     finally:
         con.close()
+    rows = _viewed(name, result, role, settings.key_dir)
+    unopened = sum(1 for row in rows if row.get("value_protection") == "unreadable")
+    if unopened:
+        _err().print(
+            f"warning: {unopened} value(s) did not open with the key store {settings.key_dir}"
+            " (--key-dir, or PREFLIGHT_KEY_DIR; the demo's is demo-out/keys/values)",
+            soft_wrap=True,
+            highlight=False,
+        )
+    shown = list(result.columns) + [c for c in (rows[0] if rows else {}) if c not in result.columns]
     if output is OutputFormat.json:
-        typer.echo(report.to_json(name, result))
+        typer.echo(json.dumps(rows, ensure_ascii=False, indent=2))
     elif output is OutputFormat.csv:
-        typer.echo(report.to_csv(result), nl=False)
+        typer.echo(report.write_csv(shown, ([_plain(row.get(c)) for c in shown] for row in rows)), nl=False)
     else:
-        _out().print(_query_table(name, result, columns))
+        _out().print(_query_table(name, rows, shown, columns))
 
 
-def _query_table(name: str, result: queries.Result, columns: str | None) -> Table:
+def _viewed(name: str, result: queries.Result, role: Role, key_dir: Path) -> list[dict[str, Any]]:
+    """The rows as `role` may read them (`preflight_audit.access`), JSON-ready."""
+    from preflight_audit.access import analyst_rows, compliance_rows
+
+    raw = report.json_rows(name, result)
+    if role is Role.analyst:
+        return analyst_rows(name, raw)
+    from preflight_audit.keys import protector
+
+    return compliance_rows(name, raw, protector(key_dir) if key_dir.is_dir() else None)
+
+
+def _plain(cell: Any) -> Any:
+    """An analyst's marker as a CSV or table cell shows it."""
+    if isinstance(cell, dict) and cell.get("redacted"):
+        return f"token {cell['token']}" if cell.get("token") else "withheld"
+    return cell
+
+
+def _query_table(name: str, rows: list[dict[str, Any]], all_columns: list[str], columns: str | None) -> Table:
     if columns is None:
-        shown = [c for c in report.TABLE_COLUMNS.get(name, result.columns) if c in result.columns]
+        default = [*report.TABLE_COLUMNS.get(name, all_columns), "value_protection"]
+        shown = [c for c in default if c in all_columns]
     elif columns.strip() == "all":
-        shown = list(result.columns)
+        shown = list(all_columns)
     else:
         shown = [c.strip() for c in columns.split(",") if c.strip()]
-        unknown = [c for c in shown if c not in result.columns]
+        unknown = [c for c in shown if c not in all_columns]
         if unknown:
-            raise UsageError(f"query {name!r} has no column {unknown[0]!r}; it has {', '.join(result.columns)}")
-    more = len(result.columns) - len(shown)
-    title = f"{name}: {len(result)} row(s)" + (
-        f", {len(shown)} of {len(result.columns)} columns (--columns all)" if more else ""
+            raise UsageError(f"query {name!r} has no column {unknown[0]!r}; it has {', '.join(all_columns)}")
+    more = len(all_columns) - len(shown)
+    title = f"{name}: {len(rows)} row(s)" + (
+        f", {len(shown)} of {len(all_columns)} columns (--columns all)" if more else ""
     )
-    return report.result_table(result, title=title, columns=shown, ids=report.ID_COLUMNS)
+    cells = [{c: _plain(v) for c, v in row.items()} for row in rows]
+    return report.result_table(cells, title=title, columns=shown, ids=report.ID_COLUMNS)
 
 
 # ---- replay -----------------------------------------------------------------------------------------------
@@ -379,6 +529,9 @@ def replay(
         bool, typer.Option("--compare/--no-compare", help="compare the rebuilt database with the live one")
     ] = True,
     timeout: Annotated[float, typer.Option(min=1.0, help="seconds the replay may take")] = 600.0,
+    db: Annotated[
+        Path | None, typer.Option("--db", help="the live projection database to compare with (default: settings)")
+    ] = None,
 ) -> None:
     """Rebuild every projection from offset 0 into a fresh database, then compare it with the live one.
 
@@ -389,7 +542,7 @@ def replay(
     from projections import compare_projections
     from projections import replay as rebuild
 
-    settings = _settings(ctx)
+    settings = _settings(ctx, database=db)
     if settings.broker in ("embedded", "kafka"):
         raise ConfigurationError(
             "replay reads the log from the broker that holds it: set PREFLIGHT_BROKER=host:port (a broker this"
@@ -424,6 +577,8 @@ def export(
     """Export every projection table to Parquet (one file per table, via DuckDB COPY)."""
     from preflight_audit.export import export_parquet
 
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} is a file: give a directory (the Parquet files go in it, one per table)")
     settings = _settings(ctx, database=db)
     con = _open_read_only(settings.database)
     try:
@@ -549,6 +704,12 @@ def verify(
         report_ = verify_database(database, keys, require_complete=require_complete)
     except (LedgerError, DatabaseNotFoundError) as exc:
         raise VerifyNotRun(f"could not verify: {exc}") from exc
+    unknown_keys = _only_unknown_keys(report_)
+    if unknown_keys:
+        raise VerifyNotRun(
+            f"could not verify: the digests are signed by {', '.join(unknown_keys)}, and no key given is that one"
+            " (--public-key; the demo's is demo-out/keys/ledger.key.pub): nothing was checked against a digest"
+        )
     lines = report_.lines()
     style = "bold green" if report_.ok else "bold red"
     _out().print(f"[{style}]{escape(lines[0])}[/]", soft_wrap=True)
@@ -556,6 +717,20 @@ def verify(
         _out().print(escape(line), soft_wrap=True, highlight=False)
     if not report_.ok:
         raise typer.Exit(EXIT_FAILURE)
+
+
+def _only_unknown_keys(report_: Any) -> list[str]:
+    """The key ids of the digests, when the only thing wrong is that none was signed by a key the verifier
+    was given (a wrong --public-key: not a verdict on the archive); else nothing."""
+    if report_.ok or report_.covered or not report_.findings:
+        return []
+    keys = []
+    for finding in report_.findings:
+        match = re.fullmatch(r".*signed by key (\S+), which the verifier was not given", finding.detail)
+        if finding.kind != "digest_invalid" or match is None:
+            return []
+        keys.append(match.group(1))
+    return sorted(set(keys))
 
 
 def _existing(path: Path) -> Path:

@@ -93,6 +93,7 @@ DATABASE = "audit.duckdb"
 #: The seed cases whose results the demo prints.
 ASKED = "landlord: asked, answered, executed"
 INHERITED = "landlord: next month, recipient inherited"
+PROPOSED = "the model's proposal: its recipient is not the user's"
 #: The user the demo erases at the end (the landlord's).
 ERASED_USER = "u_01"
 
@@ -377,6 +378,9 @@ def _report(console: Console, result: DemoReport, values: ValueProtector) -> Non
             values,
         )
         gaps = queries.run(con, "gap_rates").dicts()
+        divergence = queries.run(con, "proposal_divergence").dicts()
+        proposed = result.seeds[PROPOSED].final
+        leaves = queries.run(con, "provenance", run_id=proposed.run_id).dicts()
         integrity = queries.run(con, "integrity").dicts()
     finally:
         con.close()
@@ -433,6 +437,21 @@ def _report(console: Console, result: DemoReport, values: ValueProtector) -> Non
     days = sorted({str(r["day"]) for r in gaps})
     span = f"{days[0]} .. {days[-1]}" if days else "no runs"
     console.print(report.gap_table(gaps, title=f"Gap rates by tool, {span} (query gap_rates, summed per tool)"))
+    console.print(
+        report.result_table(
+            compliance_rows("provenance", leaves, values),
+            title="The model's proposal against the sources, leaf by leaf (query provenance, run_id=...)",
+            columns=("field", "value", "proposal", "source", "supplied_by_detail"),
+            headers={"supplied_by_detail": "supplied by"},
+        )
+    )
+    console.print(
+        report.result_table(
+            divergence,
+            title="How often the model's proposal diverged from the sources (query proposal_divergence)",
+            columns=("day", "tool", "agent_id", "proposed", "matched", "diverged", "divergence_rate"),
+        )
+    )
     findings = report.result_table(
         integrity,
         title="Integrity findings (query integrity)",
@@ -590,7 +609,16 @@ def _print_summary(console: Console, result: DemoReport) -> None:
         f"{ERASED_USER}: {result.erased_generations} key generation(s) destroyed; compliance reads 'erased';"
         f" {result.plaintext_hits} plaintext hits in the database file",
     )
-    table.add_row("database", f"{result.database}  (try: preflight-audit query gap_rates --db {result.database})")
+    keys = result.out / "keys"
+    key = result.seeds[INHERITED].final.action_key if INHERITED in result.seeds else "..."
+    table.add_row(
+        "try",
+        f"preflight-audit query provenance -p action_key={key}"
+        f" --as compliance --key-dir {keys / 'values'} --db {result.database}\n"
+        f"preflight-audit verify --db {result.database} --public-key {keys / 'ledger.key.pub'}\n"
+        f"preflight-audit demo --serve (this, then the console on its data)",
+    )
+    table.add_row("database", str(result.database))
     table.add_row("chart", str(result.chart))
     stopped = [f"broker pid {result.broker_pid}" if result.broker_pid else f"broker {result.broker} (not ours)"]
     if result.worker_pid:
@@ -599,3 +627,73 @@ def _print_summary(console: Console, result: DemoReport) -> None:
     table.add_row("stopped", ", ".join(stopped))
     table.add_row("took", f"{result.seconds:.1f} s")
     console.print(table)
+
+
+# ---- demo --serve: the console on the demo's data ----------------------------------------------------------
+
+
+#: Where ``demo --serve`` writes the tokens it made (mode 0600), beside the demo's keys.
+CONSOLE_TOKENS = "console-tokens.txt"
+
+
+def serve_console(result: DemoReport, settings: Settings, console: Console, port: int | None = None) -> None:
+    """Serve the console and the API on the demo's database until Ctrl-C or SIGTERM (then return).
+
+    Values open with the demo's key store (its erased user reads "erased"), "verify now" checks the
+    demo's ledger key; a compliance and an analyst token are made for this run, printed and written to
+    ``<out>/keys/console-tokens.txt`` (mode 0600) in the tokens-file format.
+    """
+    import os
+    import secrets
+    import signal
+    import socket
+
+    from ledger.keys import load_verify_key
+    from preflight_audit.access import parse_tokens
+    from preflight_audit.api import create_app
+    from preflight_audit.server import api_server
+
+    keys = result.out / "keys"
+    made = {role: secrets.token_urlsafe(24) for role in ("compliance", "analyst")}
+    lines = "".join(f"{role}:{token}\n" for role, token in made.items())
+    tokens_file = keys / CONSOLE_TOKENS
+    tokens_file.unlink(missing_ok=True)
+    fd = os.open(tokens_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        out.write(lines)
+    app = create_app(
+        result.database,
+        read_only=True,
+        tokens=parse_tokens(None, tokens_file),
+        protector=protector(keys / "values"),
+        ledger_keys=[load_verify_key(keys / "ledger.key.pub")],
+    )
+    chosen = settings.api_port if port is None else port
+    try:
+        sock = socket.create_server((settings.api_host, chosen))
+    except OSError as exc:
+        raise ServiceError(f"the console cannot listen on {settings.api_host}:{chosen}: {exc.strerror or exc}") from exc
+    host, bound = sock.getsockname()[:2]
+    server = api_server(
+        app, header_timeout_s=settings.api_header_timeout_s, limit_concurrency=settings.api_limit_concurrency
+    )
+    console.print(f"console: http://{host}:{bound}/console/  (the API beside it, docs at /docs)", soft_wrap=True)
+    console.print(f"  compliance token  {made['compliance']}", soft_wrap=True)
+    console.print(f"  analyst token     {made['analyst']}", soft_wrap=True)
+    console.print(f"  (both in {tokens_file}); Ctrl-C to stop", soft_wrap=True)
+
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, lambda: setattr(server, "should_exit", True))
+        try:
+            await server.serve(sockets=[sock])
+        finally:
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(signum)
+
+    try:
+        asyncio.run(run())
+    finally:
+        sock.close()
+    console.print("console stopped")

@@ -28,7 +28,8 @@ from ledger.keys import (
 )
 from ledger.store import DigestResult, digest_file
 from ledger.verify import VerifyReport, verify
-from preflight.protect import Erasure, FileKeyStore, ValueProtector, erase, subject_handle
+from preflight.adapters.keystore import FileKeyStore
+from preflight.protect import Erasure, ValueProtector, erase, subject_handle
 from preflight.signing import DecisionSigner
 from preflight_audit.errors import AuditCliError, ConfigurationError
 from preflight_audit.settings import Settings

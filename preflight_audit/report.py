@@ -13,7 +13,6 @@ import decimal
 import io
 import json
 import uuid
-from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -28,8 +27,11 @@ __all__ = [
     "ID_COLUMNS",
     "JSON_COLUMNS",
     "TABLE_COLUMNS",
+    "csv_safe",
     "gap_by_day",
     "gap_by_tool",
+    "gap_figure",
+    "gap_roll_up",
     "gap_table",
     "json_rows",
     "jsonable",
@@ -37,6 +39,7 @@ __all__ = [
     "short",
     "to_csv",
     "to_json",
+    "write_csv",
     "write_gap_chart",
 ]
 
@@ -141,14 +144,34 @@ def to_json(name: str, result: queries.Result) -> str:
     return json.dumps(json_rows(name, result), ensure_ascii=False, indent=2)
 
 
-def to_csv(result: queries.Result) -> str:
-    """The rows as CSV with a header line (NULL is an empty field)."""
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(result.columns)
-    for row in result.rows:
-        writer.writerow([_cell(v) for v in row])
+#: What a spreadsheet reads as the start of a formula (``=HYPERLINK(...)``, ``+``, ``-``, ``@``) or of a
+#: cell break (tab, carriage return), at the start of a cell.
+_FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_safe(value: Any) -> str:
+    """One CSV cell as text a spreadsheet shows and never runs: a text that starts like a formula gets a
+    leading ``'`` (OWASP's advice for CSV injection); numbers stay numbers (``-5`` is not prefixed)."""
+    if isinstance(value, (bool, int, float, decimal.Decimal)):
+        return _cell(value)
+    text = _cell(value)
+    return "'" + text if text.startswith(_FORMULA_STARTS) else text
+
+
+def write_csv(columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    """Rows as CSV with a header line, every cell through `csv_safe` (NULL is an empty field). Every CSV
+    the project writes -- the command line's, the API's, the console's downloads -- is made here."""
+    buffer = io.StringIO(newline="")
+    writer = csv.writer(buffer, lineterminator="\r\n")  # RFC 4180; a cell holding either line break is quoted
+    writer.writerow([csv_safe(c) for c in columns])
+    for row in rows:
+        writer.writerow([csv_safe(v) for v in row])
     return buffer.getvalue()
+
+
+def to_csv(result: queries.Result) -> str:
+    """The rows as CSV with a header line (NULL is an empty field; see `write_csv`)."""
+    return write_csv(result.columns, result.rows)
 
 
 def short(value: Any, width: int = 8) -> str:
@@ -185,7 +208,9 @@ def result_table(
 # ---- gap rates ---------------------------------------------------------------------------------------------
 
 
-def _roll_up(rows: Iterable[Mapping[str, Any]], by: str) -> list[dict[str, Any]]:
+def gap_roll_up(rows: Iterable[Mapping[str, Any]], by: str) -> list[dict[str, Any]]:
+    """The `gap_rates` rows (per day, tool and agent) summed per `by` -- ``tool``, ``agent_id`` or ``day``
+    -- each class's rate recomputed over the sums."""
     groups: dict[Any, dict[str, Any]] = {}
     for row in rows:
         key = row[by]
@@ -205,24 +230,24 @@ def _roll_up(rows: Iterable[Mapping[str, Any]], by: str) -> list[dict[str, Any]]
 
 def gap_by_tool(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """The `gap_rates` rows (per day, tool and agent) summed per tool, rates recomputed over the sums."""
-    return _roll_up(rows, "tool")
+    return gap_roll_up(rows, "tool")
 
 
 def gap_by_day(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """The `gap_rates` rows summed per day, rates recomputed over the sums."""
-    return _roll_up(rows, "day")
+    return gap_roll_up(rows, "day")
 
 
 def gap_table(rows: Sequence[Mapping[str, Any]], *, title: str) -> Table:
     """Per tool (and in total): runs, executes, and each gap class as ``count (rate)``."""
     per_tool = gap_by_tool(rows)
-    total = _roll_up([{**r, "tool": "all tools"} for r in rows], "tool")
+    total = gap_roll_up([{**r, "tool": "all tools"} for r in rows], "tool")
     table = Table(title=title, title_justify="left", header_style="bold")
     table.add_column("tool", no_wrap=True)
     table.add_column("runs", justify="right")
     table.add_column("executes", justify="right")
     for _, label in GAP_CLASSES:
-        table.add_column(label.replace(" ", "\n", 1) if len(label) > 12 else label, justify="right")
+        table.add_column(label.replace(" ", "\n", 1) if len(label) > 12 else label, justify="right", overflow="fold")
     for index, group in enumerate([*per_tool, *total]):
         cells = [str(group["tool"] or "(no tool)"), str(group["runs"]), str(group["executes"])]
         for column, _ in GAP_CLASSES:
@@ -233,18 +258,37 @@ def gap_table(rows: Sequence[Mapping[str, Any]], *, title: str) -> Table:
 
 
 def write_gap_chart(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
-    """Draw the gap rates to a PNG: per tool, each class's share of the runs; per day, the instruction-gap
-    and action-definition-gap rates. Returns `path`."""
+    """Draw the gap rates (`gap_figure`) to a PNG at `path`; returns `path`."""
+    import matplotlib.pyplot as plt
+
+    fig = gap_figure(rows)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=100)
+    finally:
+        plt.close(fig)
+    return path
+
+
+def gap_figure(rows: Sequence[Mapping[str, Any]]) -> Any:
+    """The gap-rate chart as a matplotlib figure (Agg), titled with the date range and the run count: per
+    tool (labelled with its run count), each class's share of the runs in percent; per day, every class's
+    rate in percent, each day labelled with its run count. Close it with ``plt.close``."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import PercentFormatter
 
     per_tool = gap_by_tool(rows)
     per_day = gap_by_day(rows)
-    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5.5), gridspec_kw={"width_ratios": [3, 2]})
+    days = [str(g["day"]) for g in per_day]
+    runs = sum(int(g["runs"]) for g in per_tool)
+    span = f"{days[0]} to {days[-1]} (UTC)" if days else "no runs"
+    fig, (left, right) = plt.subplots(1, 2, figsize=(14, 6), gridspec_kw={"width_ratios": [3, 2]})
     try:
-        tools = [str(g["tool"] or "(no tool)") for g in per_tool]
+        fig.suptitle(f"Why runs did not execute: gap classes, {span}, {runs} runs", fontsize=13, fontweight="bold")
+        tools = [f"{g['tool'] or '(no tool)'} ({g['runs']} run{'' if g['runs'] == 1 else 's'})" for g in per_tool]
         lefts = [0.0] * len(per_tool)
         for column, label in GAP_CLASSES:
             shares = [g[column.removesuffix("s") + "_rate"] for g in per_tool]
@@ -256,26 +300,23 @@ def write_gap_chart(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
         # Every ask_user and hold has a gap class: what is left of a tool's runs was deferred.
         left.barh(tools, [max(0.0, 1.0 - x) for x in lefts], left=lefts, label="deferred", color="#ececec")
         left.set_xlim(0, 1)
+        left.xaxis.set_major_formatter(PercentFormatter(1.0))
         left.set_xlabel("share of the tool's runs")
         left.set_title("What stopped each tool's runs")
         left.invert_yaxis()
-        left.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=4, fontsize="small", frameon=False)
+        left.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=4, fontsize="small", frameon=False)
 
-        days = [str(g["day"]) for g in per_day]
-        by_class: dict[str, list[float]] = defaultdict(list)
-        for g in per_day:
-            by_class["instruction gap"].append(g["instruction_gap_rate"])
-            by_class["action-definition gap"].append(g["action_definition_gap_rate"])
-        for label, values in by_class.items():
-            right.plot(days, values, marker="o", label=label)
+        for column, label in GAP_CLASSES:
+            right.plot(days, [g[column.removesuffix("s") + "_rate"] for g in per_day], marker="o", label=label)
         right.set_ylim(0, 1)
-        right.set_ylabel("rate over the day's runs")
-        right.set_title("Instruction gap vs action-definition gap, by day")
-        right.tick_params(axis="x", labelrotation=45)
+        right.yaxis.set_major_formatter(PercentFormatter(1.0))
+        right.set_ylabel("share of the day's runs")
+        right.set_title("Every gap class, by day")
+        right.set_xticks(range(len(days)), [f"{d}\n{g['runs']} runs" for d, g in zip(days, per_day, strict=True)])
+        right.tick_params(axis="x", labelrotation=45, labelsize="small")
         right.legend(loc="upper right", fontsize="small")
         fig.tight_layout()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=100)
-    finally:
+    except BaseException:
         plt.close(fig)
-    return path
+        raise
+    return fig

@@ -18,17 +18,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 import socket
-from collections.abc import Iterator
 
-import uvicorn
 from rich.console import Console
 
 from preflight_audit.access import TokenTable, parse_tokens
 from preflight_audit.api import create_app
 from preflight_audit.errors import ServiceError
 from preflight_audit.keys import DecisionKey, protector, settings_decision_key
+from preflight_audit.server import api_server
 from preflight_audit.services import create_worker_topics, decision_trust
 from preflight_audit.settings import Settings
 from projections import Projector
@@ -40,16 +40,10 @@ __all__ = ["run_serve"]
 _SUPERVISE_S = 1.0
 
 
-class _Server(uvicorn.Server):
-    """uvicorn without its own signal handling: `serve` owns SIGINT and SIGTERM and stops it."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-
 def run_serve(settings: Settings, console: Console) -> None:
-    """Serve until interrupted (see the module doc)."""
+    """Serve until interrupted (see the module doc). Every file it creates -- the database and its WAL, the
+    logs, the keys -- is its owner's alone (umask 077): they hold the audit."""
+    os.umask(0o077)
     settings.log_dir.mkdir(parents=True, exist_ok=True)
     settings.database.parent.mkdir(parents=True, exist_ok=True)
     tokens = parse_tokens(
@@ -131,7 +125,9 @@ async def _run(
     sock = _bind(settings.api_host, settings.api_port)
     host, port = sock.getsockname()[:2]
     api = create_app(settings.database, read_only=False, tokens=tokens, protector=protector(settings.key_dir))
-    server = _Server(uvicorn.Config(api, log_level="warning"))
+    server = api_server(
+        api, header_timeout_s=settings.api_header_timeout_s, limit_concurrency=settings.api_limit_concurrency
+    )
     projecting = asyncio.create_task(projector.run_forever(stop), name="projector")
     serving = asyncio.create_task(server.serve(sockets=[sock]), name="http-api")
     readying = asyncio.create_task(worker.wait_ready(120.0), name="worker-ready")

@@ -115,6 +115,12 @@ class Settings(BaseSettings):
     api_port: int = Field(8000, ge=0, le=65535, description="its port (0: any free one)")
     api_tokens: SecretStr | None = Field(None, description="the HTTP API's bearer tokens: role:token,role:token")
     api_tokens_file: Path | None = Field(None, description="a file of role:token lines (# comments)")
+    api_header_timeout_s: float = Field(
+        10.0, gt=0, le=3600, allow_inf_nan=False, description="a connection's request headers must arrive within this"
+    )
+    api_limit_concurrency: int = Field(
+        512, ge=1, description="connections and requests the HTTP API serves at once (beyond: 503 at once)"
+    )
     # ---- the fold worker --------------------------------------------------------------------------------
     web_host: str = Field("127.0.0.1", min_length=1, description="where the fold worker's HTTP view listens")
     web_port: int = Field(6066, ge=1, le=65535, description="its port")

@@ -50,10 +50,10 @@ import msgspec
 import orjson
 from pydantic import BaseModel
 
+from preflight.chain import message_problem
 from preflight.errors import EventDecodeError
 from preflight.events import (
     EVENT_TYPES,
-    GENESIS_HASH,
     SUPPORTED_EVENT_VERSIONS,
     TAIL_EVENT_TYPES,
     PreflightEvent,
@@ -596,27 +596,11 @@ def _without_hash(full: bytes, claimed: str) -> bytes | None:
 
 def _check_run(events: Sequence[EventJson], run_id: str) -> None:
     """A run message's chain and shape (see the module doc); raises `_Reject` naming the first defect."""
-    prev = GENESIS_HASH
-    for position, event in enumerate(events):
-        seq = event["seq"]
-        if seq != position:
-            kind = "repeated" if seq < position else "gap in"
-            raise _Reject("broken_chain", f"seq {seq} ({event['event_type']}): {kind} seq, expected {position}", run_id)
-        if event["prev_hash"] != prev:
-            where = f"seq {seq} ({event['event_type']})"
-            raise _Reject("broken_chain", f"{where}: prev_hash does not link to the previous event", run_id)
-        prev = event["hash"]
+    problem = message_problem(events)  # the run-chain rule (`preflight.chain`)
+    if problem is not None:
+        raise _Reject(problem[0], problem[1], run_id)
     types_ = [e["event_type"] for e in events]
-    if types_[0] != "run_started" or "run_started" in types_[1:]:
-        raise _Reject("incomplete_run", "a run message starts with its single run_started event", run_id)
-    if types_[-1] != "run_closed" or "run_closed" in types_[:-1]:
-        raise _Reject("incomplete_run", "a run message ends with its single run_closed event (truncated?)", run_id)
-    if any(t in TAIL_EVENT_TYPES for t in types_):
-        raise _Reject("incomplete_run", "an outcome travels in its own message, after its run", run_id)
-    close = events[-1]
-    decision = close["decision"]
-    if close["event_count"] != len(events) or close["last_hash"] != close["prev_hash"]:
-        raise _Reject("broken_chain", "run_closed count or last hash does not match the run", run_id)
+    decision = events[-1]["decision"]
     wanted = _DECISION_EVENT[decision]
     found = [t for t in types_ if t in _DECISION_EVENTS]
     if found != [wanted]:

@@ -30,7 +30,7 @@ import json
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Final, NamedTuple
+from typing import Any, Final, NamedTuple, Protocol
 
 import orjson
 import pyarrow as pa
@@ -41,8 +41,13 @@ from preflight.events import (
 )
 from projections.decode import NATIVE, EventJson, Incoming, Rejected, VerifiedRun, VerifiedTail, decode_incoming
 
-if TYPE_CHECKING:  # projections.signatures builds on this module
-    from projections.signatures import DecisionTrust
+
+class DecisionTrust(Protocol):
+    """What the planner asks of the projector's trusted decision keys (`projections.signatures.DecisionTrust`,
+    which builds on this module): why an outcome does not count for its run's signed decision, or None."""
+
+    def refusal(self, outcome: str, run: StoredRun, occurred_at: str | None) -> tuple[str, str] | None: ...
+
 
 __all__ = [
     "CANDIDATE_TABLES",
@@ -194,6 +199,7 @@ FIELDS = TableSpec(
         ("lookup_failed", _B),
         ("pending_at_trigger", _B),
         ("note", _S),
+        ("proposal", _S),  # matched | diverged | absent, on runs given a proposal (migration 008)
     ),
 )
 CHECKLIST = TableSpec(
@@ -590,14 +596,10 @@ def _run_columns(parts: _RunParts) -> tuple[Columns, list[StoredRun]]:
     fixed = [f["fixed"] if f is not None else {} for f in parts.fixed]
     matched, approved, blocked = parts.matched, parts.approved, parts.blocked
     records = [c["record"] for c in closed]
-    signatures: list[Any] = [a.get("signature") if a is not None else None for a in approved]
     run_ids = [r.run_id for r in runs]
     close_hashes = [c["hash"] for c in closed]
-    decision_ids = [a["decision_id"] if a is not None else None for a in approved]
-    tools = [a["tool_name"] if a is not None else None for a in approved]
-    digests = [a["arguments_digest"] if a is not None else None for a in approved]
+    decision_ids, tools, digests, signed = _decision_columns(approved)
     counts = [len(r.events) for r in runs]
-    signed = {column: [s.get(name) if s else None for s in signatures] for name, column in _SIGNATURE_COLUMNS.items()}
     columns: Columns = {
         "run_id": run_ids,
         "action_key": [c["action_key"] for c in closed],
@@ -650,6 +652,17 @@ def _run_columns(parts: _RunParts) -> tuple[Columns, list[StoredRun]]:
     return columns, states
 
 
+def _decision_columns(approved: Sequence[EventJson | None]) -> tuple[list[Any], list[Any], list[Any], Columns]:
+    """Each run's approved decision (None: no execute decision): its id, tool, arguments digest, and its
+    signed fields exactly as signed (the `decision_*` columns)."""
+    signatures: list[Any] = [a.get("signature") if a is not None else None for a in approved]
+    decision_ids = [a["decision_id"] if a is not None else None for a in approved]
+    tools = [a["tool_name"] if a is not None else None for a in approved]
+    digests = [a["arguments_digest"] if a is not None else None for a in approved]
+    signed = {column: [s.get(name) if s else None for s in signatures] for name, column in _SIGNATURE_COLUMNS.items()}
+    return decision_ids, tools, digests, signed
+
+
 def _field_columns(parts: _RunParts) -> Columns:
     """One `field_provenance` row per field_resolved event: the value, where it came from, who supplied it."""
     events, owners = parts.fields, parts.field_runs
@@ -686,6 +699,7 @@ def _field_columns(parts: _RunParts) -> Columns:
         "lookup_failed": [x.get("lookup_failed") is True for x in f],
         "pending_at_trigger": [x.get("pending_at_trigger") is True for x in f],
         "note": [x.get("note") for x in f],
+        "proposal": [x.get("proposal") for x in f],
     }
 
 
@@ -1063,103 +1077,135 @@ def plan_batch(
     signed decision (see `_judge_tail`); its chunks must then be checked with it
     (`projections.signatures.check_decisions`).
     """
-    takes: dict[str, list[int]] = {spec.name: [] for spec in CANDIDATE_TABLES}
-    dead_letters: list[tuple[Any, ...]] = []
-    offsets: dict[tuple[str, int], int] = {}
-    counts: Counter[str] = Counter()
-    states: dict[str, StoredRun] = {}
-    new_runs: dict[str, tuple[PreparedRun, dict[str, int]]] = {}
-    merged: dict[str, tuple[Any, ...]] = {}  # outcomes of same-batch runs, by run_id
-    outcome_updates: dict[str, tuple[Any, ...]] = {}
-    seen_ids: set[str] = set()
-    event_ids: list[str] = []
-    archive_take, executions_take = takes[ARCHIVE.name], takes[EXECUTIONS.name]
-
-    def dead(rejected: Rejected) -> None:
-        dead_letters.append(dead_letter_row(rejected))
-        counts["dead_letters"] += 1
-        counts[f"dead_letter:{rejected.code}"] += 1
-
-    def ids_free(ids: Sequence[str]) -> bool:
-        unique = set(ids)
-        return len(unique) == len(ids) and seen_ids.isdisjoint(unique) and taken_event_ids.isdisjoint(unique)
-
-    bases = {spec.name: 0 for spec in CANDIDATE_TABLES}
+    planner = _BatchPlanner(stored, next_offsets, taken_event_ids, decision_trust)
     for chunk in chunks:
-        base = dict(bases)
+        planner.take_chunk(chunk)
+    return planner.plan(chunks, projection)
+
+
+class _BatchPlanner:
+    """`plan_batch`'s state as it walks a batch: message by message, each run or outcome judged against
+    what the database holds and what the batch has taken so far; then the batch's tables."""
+
+    def __init__(
+        self,
+        stored: Mapping[str, StoredRun],
+        next_offsets: Mapping[tuple[str, int], int],
+        taken_event_ids: frozenset[str],
+        decision_trust: DecisionTrust | None,
+    ) -> None:
+        self.stored, self.next_offsets = stored, next_offsets
+        self.taken_event_ids, self.decision_trust = taken_event_ids, decision_trust
+        self.takes: dict[str, list[int]] = {spec.name: [] for spec in CANDIDATE_TABLES}
+        self.dead_letters: list[tuple[Any, ...]] = []
+        self.offsets: dict[tuple[str, int], int] = {}
+        self.counts: Counter[str] = Counter()
+        self.states: dict[str, StoredRun] = {}
+        self.new_runs: dict[str, tuple[PreparedRun, dict[str, int]]] = {}
+        self.merged: dict[str, tuple[Any, ...]] = {}  # outcomes of same-batch runs, by run_id
+        self.outcome_updates: dict[str, tuple[Any, ...]] = {}
+        self.seen_ids: set[str] = set()
+        self.event_ids: list[str] = []
+        self.bases = {spec.name: 0 for spec in CANDIDATE_TABLES}
+
+    def dead(self, rejected: Rejected) -> None:
+        self.dead_letters.append(dead_letter_row(rejected))
+        self.counts["dead_letters"] += 1
+        self.counts[f"dead_letter:{rejected.code}"] += 1
+
+    def ids_free(self, ids: Sequence[str]) -> bool:
+        unique = set(ids)
+        return len(unique) == len(ids) and self.seen_ids.isdisjoint(unique) and self.taken_event_ids.isdisjoint(unique)
+
+    def take_chunk(self, chunk: PreparedChunk) -> None:
+        """Every message of one chunk, in log order."""
+        base = dict(self.bases)
         for spec in CANDIDATE_TABLES:
-            bases[spec.name] += chunk.tables[spec.name].num_rows
+            self.bases[spec.name] += chunk.tables[spec.name].num_rows
         archived_ids: list[str] | None = None  # the chunk's archive rows' event_ids, read on first need
+        counts, offsets = self.counts, self.offsets
         for item in chunk.items:
             m = chunk.message(item)
             where = (m.topic, m.partition)
-            if m.offset < next_offsets.get(where, 0):
+            if m.offset < self.next_offsets.get(where, 0):
                 counts["redelivered"] += 1
                 continue
             offsets[where] = max(offsets.get(where, 0), m.offset + 1)
             counts["messages"] += 1
             if isinstance(item, Rejected):
-                dead(item)
+                self.dead(item)
                 continue
-            state = states.get(item.run_id) or stored.get(item.run_id)
-
+            state = self.states.get(item.run_id) or self.stored.get(item.run_id)
             if isinstance(item, PreparedRun):
-                if state is not None:
-                    if state.close_hash == item.close_hash:
-                        counts["duplicates"] += 1
-                    else:
-                        reason = f"run {item.run_id} seen before with other content"
-                        dead(Rejected(m, "run_id_conflict", reason, item.run_id))
-                    continue
-                if archived_ids is None:
+                if archived_ids is None and state is None:
                     archived_ids = chunk.tables[ARCHIVE.name].column("event_id").to_pylist()
-                ids = archived_ids[item.archive[0] : item.archive[1]]
-                if not ids_free(ids):
-                    dead(Rejected(m, "event_id_reused", "an event_id of this run is already archived", item.run_id))
-                    continue
-                seen_ids.update(ids)
-                event_ids.extend(ids)
-                new_runs[item.run_id] = (item, base)
-                states[item.run_id] = item.state
-                counts["runs"] += 1
-                continue
-
-            verdict = _judge_tail(item, m, state, decision_trust, chunk.tables[EXECUTIONS.name])
-            if verdict == "duplicate":
-                counts["duplicates"] += 1
-                continue
-            if isinstance(verdict, Rejected):
-                dead(verdict)
-                continue
-            assert state is not None
-            if not ids_free([item.event_id]):
-                dead(Rejected(m, "event_id_reused", "the outcome's event_id is already archived", item.run_id))
-                continue
-            seen_ids.add(item.event_id)
-            event_ids.append(item.event_id)
-            archive_take.append(base[ARCHIVE.name] + item.archive_row)
-            executions_take.append(base[EXECUTIONS.name] + item.execution_row)
-            outcome = "executed" if item.event_type == "executed" else "failed"
-            after = state._replace(
-                outcome=outcome, last_seq=item.seq, last_hash=item.hash, event_count=state.event_count + 1
-            )
-            states[item.run_id] = after
-            changes = (outcome, item.timestamp, after.event_count, after.last_seq, after.last_hash)
-            if item.run_id in new_runs:
-                merged[item.run_id] = changes
+                self.take_run(item, m, state, base, archived_ids)
             else:
-                outcome_updates[item.run_id] = (item.run_id, *changes)
-            counts["outcomes"] += 1
+                self.take_outcome(item, m, state, base, chunk.tables[EXECUTIONS.name])
 
-    merged_rows: dict[int, tuple[Any, ...]] = {}
-    for run_id, changes in merged.items():
-        run, base = new_runs[run_id]
-        merged_rows[base[RUNS.name] + run.run_row] = changes
-    # Usually every run and outcome prepared is new: then every candidate row is kept, and the row indexes
-    # need not be listed.
-    every_row_kept = len(new_runs) == bases[RUNS.name] and len(executions_take) == bases[EXECUTIONS.name]
-    if not every_row_kept:
-        for run, base in new_runs.values():
+    def take_run(
+        self, item: PreparedRun, m: Any, state: StoredRun | None, base: dict[str, int], archived_ids: list[str] | None
+    ) -> None:
+        """A run: new (its rows kept), a duplicate, or a dead letter (another run's id, a reused event_id)."""
+        if state is not None:
+            if state.close_hash == item.close_hash:
+                self.counts["duplicates"] += 1
+            else:
+                self.dead(
+                    Rejected(m, "run_id_conflict", f"run {item.run_id} seen before with other content", item.run_id)
+                )
+            return
+        assert archived_ids is not None
+        ids = archived_ids[item.archive[0] : item.archive[1]]
+        if not self.ids_free(ids):
+            self.dead(Rejected(m, "event_id_reused", "an event_id of this run is already archived", item.run_id))
+            return
+        self.seen_ids.update(ids)
+        self.event_ids.extend(ids)
+        self.new_runs[item.run_id] = (item, base)
+        self.states[item.run_id] = item.state
+        self.counts["runs"] += 1
+
+    def take_outcome(
+        self, item: PreparedTail, m: Any, state: StoredRun | None, base: dict[str, int], executions: pa.Table
+    ) -> None:
+        """An outcome: of its run's approved decision (kept, the run's row updated), a duplicate, or a dead letter."""
+        verdict = _judge_tail(item, m, state, self.decision_trust, executions)
+        if verdict == "duplicate":
+            self.counts["duplicates"] += 1
+            return
+        if isinstance(verdict, Rejected):
+            self.dead(verdict)
+            return
+        assert state is not None
+        if not self.ids_free([item.event_id]):
+            self.dead(Rejected(m, "event_id_reused", "the outcome's event_id is already archived", item.run_id))
+            return
+        self.seen_ids.add(item.event_id)
+        self.event_ids.append(item.event_id)
+        self.takes[ARCHIVE.name].append(base[ARCHIVE.name] + item.archive_row)
+        self.takes[EXECUTIONS.name].append(base[EXECUTIONS.name] + item.execution_row)
+        outcome = "executed" if item.event_type == "executed" else "failed"
+        after = state._replace(
+            outcome=outcome, last_seq=item.seq, last_hash=item.hash, event_count=state.event_count + 1
+        )
+        self.states[item.run_id] = after
+        changes = (outcome, item.timestamp, after.event_count, after.last_seq, after.last_hash)
+        if item.run_id in self.new_runs:
+            self.merged[item.run_id] = changes
+        else:
+            self.outcome_updates[item.run_id] = (item.run_id, *changes)
+        self.counts["outcomes"] += 1
+
+    def every_row_kept(self) -> bool:
+        """Usually every run and outcome prepared is new: then every candidate row is kept, and the row
+        indexes need not be listed."""
+        bases = self.bases
+        return len(self.new_runs) == bases[RUNS.name] and len(self.takes[EXECUTIONS.name]) == bases[EXECUTIONS.name]
+
+    def list_kept_rows(self) -> None:
+        takes = self.takes
+        for run, base in self.new_runs.values():
             start, stop = run.archive
             takes[ARCHIVE.name].extend(range(base[ARCHIVE.name] + start, base[ARCHIVE.name] + stop))
             takes[RUNS.name].append(base[RUNS.name] + run.run_row)
@@ -1170,25 +1216,35 @@ def plan_batch(
             if run.gate_row >= 0:
                 takes[GATES.name].append(base[GATES.name] + run.gate_row)
 
-    tables: dict[str, pa.Table] = {}
-    for spec in CANDIDATE_TABLES:
-        parts = [chunk.tables[spec.name] for chunk in chunks]
-        taken = _take(parts, None if every_row_kept else takes[spec.name], bases[spec.name])
-        if taken is not None:
-            tables[spec.name] = taken
-    if merged_rows:
-        kept = range(bases[RUNS.name]) if every_row_kept else sorted(takes[RUNS.name])
-        tables[RUNS.name] = _with_outcomes(tables[RUNS.name], kept, merged_rows)
-    for spec, rows in (
-        (RUN_OUTCOMES, list(outcome_updates.values())),
-        (DEAD_LETTERS, dead_letters),
-        (OFFSETS, [(projection, topic, partition, nxt) for (topic, partition), nxt in offsets.items()]),
-    ):
-        if rows:
-            tables[spec.name] = _table(spec, rows)
-    plan = Plan(tables, offsets, counts, states, event_ids)
-    counts["events"] = plan.archived
-    return plan
+    def plan(self, chunks: Sequence[PreparedChunk], projection: str) -> Plan:
+        """The batch's tables: the rows kept of every chunk, the runs' outcomes, dead letters, offsets."""
+        merged_rows: dict[int, tuple[Any, ...]] = {}
+        for run_id, changes in self.merged.items():
+            run, base = self.new_runs[run_id]
+            merged_rows[base[RUNS.name] + run.run_row] = changes
+        kept_all = self.every_row_kept()
+        if not kept_all:
+            self.list_kept_rows()
+        tables: dict[str, pa.Table] = {}
+        for spec in CANDIDATE_TABLES:
+            parts = [chunk.tables[spec.name] for chunk in chunks]
+            taken = _take(parts, None if kept_all else self.takes[spec.name], self.bases[spec.name])
+            if taken is not None:
+                tables[spec.name] = taken
+        if merged_rows:
+            kept = range(self.bases[RUNS.name]) if kept_all else sorted(self.takes[RUNS.name])
+            tables[RUNS.name] = _with_outcomes(tables[RUNS.name], kept, merged_rows)
+        offsets = self.offsets
+        for spec, rows in (
+            (RUN_OUTCOMES, list(self.outcome_updates.values())),
+            (DEAD_LETTERS, self.dead_letters),
+            (OFFSETS, [(projection, topic, partition, nxt) for (topic, partition), nxt in offsets.items()]),
+        ):
+            if rows:
+                tables[spec.name] = _table(spec, rows)
+        plan = Plan(tables, offsets, self.counts, self.states, self.event_ids)
+        self.counts["events"] = plan.archived
+        return plan
 
 
 def _take(parts: Sequence[pa.Table], indexes: list[int] | None, total: int) -> pa.Table | None:

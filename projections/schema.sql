@@ -8,6 +8,7 @@
 --   005_signed_decisions.sql
 --   006_archive_zstd.sql
 --   007_readable_action_key.sql
+--   008_proposal.sql
 
 -- table archive
 CREATE TABLE archive (
@@ -118,7 +119,8 @@ CREATE TABLE field_provenance (
     lookup_failed BOOLEAN NOT NULL,
     pending_at_trigger BOOLEAN NOT NULL,
     note VARCHAR,
-    ingested_at TIMESTAMP WITH TIME ZONE DEFAULT(now()) NOT NULL
+    ingested_at TIMESTAMP WITH TIME ZONE DEFAULT(now()) NOT NULL,
+    proposal VARCHAR
 );
 
 -- table gate_decisions

@@ -35,6 +35,7 @@ from typing import Any, Final
 
 import pyarrow as pa
 
+from preflight.adapters.pem import read_public_key_files
 from preflight.errors import SigningKeyError
 from preflight.signing import (
     ALGORITHM,
@@ -42,7 +43,6 @@ from preflight.signing import (
     SignedDecision,
     decision_validity,
     parse_time,
-    read_public_key_files,
 )
 from preflight_audit.settings import SettingValueError, env_var, given_settings
 from projections.decode import Incoming

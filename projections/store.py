@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -157,16 +158,24 @@ def migrate(con: duckdb.DuckDBPyConnection) -> list[str]:
 def open_database(path: str | Path, *, read_only: bool = False) -> duckdb.DuckDBPyConnection:
     """Open (creating if needed) the projection database at `path`, migrated to the current schema.
 
-    Read-only: nothing is migrated, and a database that is not at the current schema is refused.
+    Read-only: nothing is migrated, and a database that is not at the current schema is refused. A file
+    created here is made readable by its owner only (0600, like the keys) before anything is written
+    into it: it holds the audit (DuckDB writes its ``.wal`` beside it with the process's umask).
 
     :raises DatabaseError: when the file cannot be opened (e.g. another process writes it).
     :raises MigrationError: see `migrate`.
     """
+    created = not read_only and str(path) != ":memory:" and not Path(path).exists()
     try:
         con = duckdb.connect(str(path), read_only=read_only)
     except duckdb.Error as exc:
         raise DatabaseError(f"cannot open the projection database {path}: {exc}") from exc
     try:
+        if created:
+            try:
+                os.chmod(path, 0o600)  # DuckDB created it with the umask; only its header is written yet
+            except OSError as exc:
+                raise DatabaseError(f"cannot make {path} private (0600): {exc.strerror or exc}") from exc
         if read_only:
             _check_current(con, path)
         else:

@@ -6,6 +6,8 @@ its parameters, one line each::
     -- provenance: who supplied each value ...
     -- param action_key VARCHAR optional: only runs under this action_key
 
+A query that must be narrowed says so on a line of its own (``-- require one of: action_key, run_id``):
+the command line and the HTTP API refuse to run it with none of them (it would answer every run).
 The body uses them as ``$action_key``. Loading a query checks that the declared parameters are
 exactly those the body uses, so names and parameters cannot drift apart; `run` binds values by name
 (an optional parameter left out is NULL, which every query reads as "no restriction") and refuses a
@@ -47,6 +49,7 @@ __all__ = [
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 _PARAM_LINE = re.compile(r"^--\s*param\s+([a-z_][a-z0-9_]*)\s+([A-Z]+)(\s+optional)?\s*:\s*(.+)$")
 _SUMMARY_LINE = re.compile(r"^--\s*([a-z][a-z0-9_]*):\s*(.+)$")
+_ONE_OF_LINE = re.compile(r"^--\s*require one of:\s*(.+)$")
 _PARAM_USE = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)")
 # Comments and string literals, whose `$` signs are not parameters.
 _NOT_CODE = re.compile(r"--[^\n]*|'(?:[^']|'')*'")
@@ -98,10 +101,18 @@ class NamedQuery:
     summary: str
     params: tuple[Param, ...]
     sql: str
+    one_of: tuple[str, ...] = ()
 
     @property
     def param_names(self) -> tuple[str, ...]:
         return tuple(p.name for p in self.params)
+
+    def narrowing_missing(self, values: dict[str, Any]) -> str | None:
+        """What is missing when the query must be narrowed (``-- require one of:``) and `values` gives none
+        of those parameters (an empty text counts as none); None when nothing is."""
+        if not self.one_of or any(values.get(n) not in (None, "") for n in self.one_of):
+            return None
+        return f"query {self.name!r} needs one of {', '.join(self.one_of)}"
 
     def bind(self, values: dict[str, Any]) -> dict[str, Any]:
         """The parameter mapping to execute with: every declared name, checked; optional ones default to None."""
@@ -174,8 +185,19 @@ def load(name: str) -> NamedQuery:
     summary_match = _SUMMARY_LINE.match(header[0]) if header else None
     if summary_match is None or summary_match.group(1) != name:
         raise QueryDefinitionError(f"{name}.sql must start with '-- {name}: <what it answers>'")
+    # The summary is the whole prose of the header, up to the first parameter or requirement line.
+    prose = [summary_match.group(2).strip()]
+    for line in header[1:]:
+        if re.match(r"^--\s*(param\b|require one of:)", line):
+            break
+        prose.append(line.removeprefix("--").strip())
+    one_of: tuple[str, ...] = ()
     params: list[Param] = []
     for line in header:
+        required = _ONE_OF_LINE.match(line)
+        if required:
+            one_of = tuple(n.strip() for n in required.group(1).split(",") if n.strip())
+            continue
         if re.match(r"^--\s*param\b", line):
             match = _PARAM_LINE.match(line)
             if match is None or match.group(2) not in _ACCEPTS:
@@ -190,7 +212,9 @@ def load(name: str) -> NamedQuery:
         raise QueryDefinitionError(
             f"{name}.sql declares {sorted(declared)} but its SQL uses {sorted(used)}: they must be the same"
         )
-    return NamedQuery(name, summary_match.group(2).strip(), tuple(params), text)
+    if set(one_of) - set(declared):
+        raise QueryDefinitionError(f"{name}.sql requires one of {list(one_of)}, which it does not all declare")
+    return NamedQuery(name, " ".join(p for p in prose if p), tuple(params), text, one_of)
 
 
 def run(con: duckdb.DuckDBPyConnection, name: str, /, **params: Any) -> Result:

@@ -1,4 +1,6 @@
--- provenance: for an action_key or a run, each field's value, where the run read it, and who supplied
+-- provenance: for an action_key or a run, each field's value (one row per argument leaf: a nested leaf is
+-- named by JSON Pointer, `/to/account`), where the run read it, whether the model proposed it (`proposal`:
+-- matched, diverged, absent; NULL without a proposal), and who supplied
 -- it -- the user (by answering, or in their own words at a segment and span), a pre-set value and who
 -- set it, or a system measurement. An inherited (prior_state) value is traced back through the
 -- baseline runs to the executed run that first supplied it, whose evidence it reports.
@@ -6,6 +8,7 @@
 -- that is not is reported by `integrity` as `baseline_of_another_key`, and here as not projected): the
 -- fields and runs of the given key (an index lookup), else of the given run's key (a filtered scan),
 -- else all of them, are read once (`fields`, `all_runs`) for every join that follows.
+-- require one of: action_key, run_id
 -- param action_key VARCHAR optional: only runs under this action_key
 -- param run_id VARCHAR optional: only this run
 WITH RECURSIVE
@@ -15,13 +18,13 @@ run_key AS MATERIALIZED (  -- a given run's key (none asked: none)
 fields AS MATERIALIZED (
     SELECT run_id, field_index, name, value, status, source, origin_source, supplied_by, resolved_at,
            segment_index, span_start, span_end, segment_origin, pre_set_origin, measured, baseline_run_id,
-           lookup_failed, pending_at_trigger, note
+           lookup_failed, pending_at_trigger, note, proposal
     FROM field_provenance
     WHERE ($action_key IS NOT NULL AND action_key = $action_key) OR ($action_key IS NULL AND $run_id IS NULL)
     UNION ALL
     SELECT f.run_id, f.field_index, f.name, f.value, f.status, f.source, f.origin_source, f.supplied_by,
            f.resolved_at, f.segment_index, f.span_start, f.span_end, f.segment_origin, f.pre_set_origin,
-           f.measured, f.baseline_run_id, f.lookup_failed, f.pending_at_trigger, f.note
+           f.measured, f.baseline_run_id, f.lookup_failed, f.pending_at_trigger, f.note, f.proposal
     FROM field_provenance AS f SEMI JOIN run_key AS k ON f.action_key IS NOT DISTINCT FROM k.action_key
 ),
 all_runs AS MATERIALIZED (
@@ -100,6 +103,7 @@ SELECT
     s.lookup_failed,
     s.pending_at_trigger,
     s.note,
+    s.proposal,
     s.resolved_at
 FROM selected AS s
 JOIN all_runs AS r ON r.run_id = s.run_id

@@ -3,6 +3,7 @@
 -- slot is on (fixed: the system's; required fields: the provider's; items: the user's), and which
 -- gate decided the run. Parties (SPEC §2.2): only the user creates values; the provider can require,
 -- never permit; the system can reject, never fill in; the runtime selects the tool and passes input.
+-- require one of: run_id, decision_id
 -- param run_id VARCHAR optional: only this run
 -- param decision_id VARCHAR optional: only the run of this execute decision
 WITH

@@ -33,13 +33,15 @@ from typing import Any
 
 import httpx
 import pytest
+from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from infra.brokers import Broker, create_topics, delete_topics
 from preflight import MemoryStorage
 from preflight.adapters.baseline import BaselineStorage
 from preflight.adapters.kafka import KafkaEventSink
-from preflight.protect import FileKeyStore, ValueProtector, erase
+from preflight.adapters.keystore import FileKeyStore
+from preflight.protect import ValueProtector, erase
 from preflight_audit import scenarios
 from preflight_audit.access import TokenTable, parse_tokens
 from preflight_audit.api import create_app
@@ -485,6 +487,8 @@ class TestServe:
         assert _gone(worker_pid), output
         assert "stopped: the HTTP API, the projector, the worker" in output
         assert _get(f"{base}/healthz") is None  # nothing listens any more
+        private = [p for p in tmp_path.glob("live.duckdb*")]  # the database (and a WAL left behind) hold the audit
+        assert private and all(p.stat().st_mode & 0o077 == 0 for p in private), [oct(p.stat().st_mode) for p in private]
 
         replayed = subprocess.run(
             [CLI, "replay", "--into", str(tmp_path / "rebuilt.duckdb")],
@@ -511,3 +515,133 @@ class TestServe:
                 signing_key=signing_key,
             )
             return {name: await scenarios.play(s, world) for name, s in list(scenarios.seed_sessions().items())[:2]}
+
+
+# ---- what an exposed server must hold to (no paths, authentication first, slow clients, load) -------------
+
+
+class TestNothingBeforeTheToken:
+    """Authenticate first, reveal no paths: an unauthenticated request learns nothing about the database."""
+
+    @pytest.mark.parametrize("route", ["/provenance", "/responsibility", "/gap-rates", "/integrity"])
+    def test_no_token_is_401_even_without_a_database(self, tmp_path: Path, route: str) -> None:
+        with TestClient(create_app(tmp_path / "missing.duckdb", tokens=TOKENS)) as anonymous:
+            response = anonymous.get(route, params={"run_id": "x"})
+        assert response.status_code == 401  # not 503: whether the file exists is not an anonymous caller's to know
+        assert str(tmp_path) not in response.text
+
+    def test_health_names_no_path(self, projected: Projected, tmp_path: Path) -> None:
+        with TestClient(projected.app()) as anonymous:
+            healthy = anonymous.get("/healthz")
+        assert healthy.status_code == 200 and healthy.json() == {
+            "status": "ok",
+            "migrations": healthy.json()["migrations"],
+        }
+        assert str(projected.db.parent) not in healthy.text and projected.db.name not in healthy.text
+        with TestClient(create_app(tmp_path / "missing.duckdb", tokens=TOKENS), headers=AS_ANALYST) as caller:
+            for route in ("/healthz", "/gap-rates"):
+                missing = caller.get(route)
+                assert missing.status_code == 503 and str(tmp_path) not in missing.text, missing.text
+
+
+class _Running:
+    """The API served for real by `api_server` on a loopback port, in a thread of its own."""
+
+    def __init__(self, app: Any, header_timeout_s: float = 10.0) -> None:
+        import socket
+        import threading
+
+        from preflight_audit.server import api_server
+
+        self.server = api_server(app, header_timeout_s=header_timeout_s, limit_concurrency=512)
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+
+    def __enter__(self) -> _Running:
+        self.thread.start()
+        deadline = time.monotonic() + PHASE_TIMEOUT_S
+        while not self.server.started:
+            assert self.thread.is_alive() and time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.01)  # polling interval of a bounded wait
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(PHASE_TIMEOUT_S)
+        self.sock.close()
+
+
+class TestUnderLoad:
+    """/healthz answers while the thread pool is full of slow requests; every one of them is served."""
+
+    def test_health_answers_while_slow_requests_hold_every_thread(self, projected: Projected) -> None:
+        import threading
+        from concurrent.futures import ThreadPoolExecutor
+
+        app: FastAPI = projected.app()
+        in_flight, release = threading.Semaphore(0), threading.Event()
+
+        @app.get("/test-slow")
+        def slow() -> dict[str, str]:  # a sync route, in the thread pool like every query
+            in_flight.release()
+            release.wait(PHASE_TIMEOUT_S)
+            return {"ok": "yes"}
+
+        slow_requests = 60  # more than the thread pool's 40 threads: some wait for a thread
+        with _Running(app) as running, ThreadPoolExecutor(slow_requests) as pool:
+            try:
+                pending = [
+                    pool.submit(httpx.get, f"{running.base}/test-slow", timeout=PHASE_TIMEOUT_S)
+                    for _ in range(slow_requests)
+                ]
+                for _ in range(40):  # every thread of the pool is held by a slow request
+                    assert in_flight.acquire(timeout=PHASE_TIMEOUT_S)
+                health = httpx.get(f"{running.base}/healthz", timeout=30.0)
+                assert health.status_code == 200 and not any(p.done() for p in pending)
+            finally:
+                release.set()
+            assert [p.result().status_code for p in pending] == [200] * slow_requests
+
+    def test_health_answers_during_two_hundred_integrity_queries(self, projected: Projected) -> None:
+        import threading
+        from concurrent.futures import ThreadPoolExecutor
+
+        answered: list[int] = []
+        first = threading.Event()
+
+        def integrity() -> int:
+            status = httpx.get(f"{running.base}/integrity", headers=AS_COMPLIANCE, timeout=PHASE_TIMEOUT_S).status_code
+            answered.append(status)
+            first.set()
+            return status
+
+        with _Running(projected.app()) as running, ThreadPoolExecutor(200) as pool:
+            pending = [pool.submit(integrity) for _ in range(200)]
+            assert first.wait(PHASE_TIMEOUT_S)
+            health = httpx.get(f"{running.base}/healthz", timeout=30.0)
+            during = len(answered)
+            statuses = [p.result() for p in pending]
+        assert health.status_code == 200
+        assert during < 200, "every query was answered before /healthz: the load did not overlap"
+        assert statuses == [200] * 200
+
+
+class TestSlowClients:
+    """A connection whose request headers do not arrive in time is closed; a prompt one is served."""
+
+    @pytest.mark.parametrize("sent", [b"", b"GET /healthz HTTP/1.1\r\nHost: x\r\n"])
+    def test_a_connection_without_its_headers_is_closed(self, projected: Projected, sent: bytes) -> None:
+        import socket
+
+        with _Running(projected.app(), header_timeout_s=0.5) as running:
+            with socket.create_connection(("127.0.0.1", running.port), timeout=PHASE_TIMEOUT_S) as client:
+                client.sendall(sent)
+                assert client.recv(1024) == b""  # closed by the server (a timeout here raises: held open)
+            assert httpx.get(f"{running.base}/healthz", timeout=30.0).status_code == 200
+
+    def test_a_keep_alive_connection_serves_several_requests(self, projected: Projected) -> None:
+        with _Running(projected.app(), header_timeout_s=0.5) as running, httpx.Client(base_url=running.base) as client:
+            statuses = [client.get("/healthz").status_code for _ in range(3)]
+        assert statuses == [200, 200, 200]

@@ -204,6 +204,24 @@ class TestTheDemo:
             assert plaintext not in data, plaintext
         assert b"ak1." in data  # the published action keys: pseudonyms, stored in clear
 
+    def test_every_event_the_demo_produced_is_valid_under_the_published_contract(self, demo: Demo) -> None:
+        """The JSON Schema an agent in another language publishes against holds every archived event."""
+        import duckdb
+        from jsonschema import Draft202012Validator
+
+        from preflight.contract import load
+
+        validator = Draft202012Validator(load())
+        con = duckdb.connect(str(demo.out / "audit.duckdb"), read_only=True)
+        try:
+            texts = [row[0] for row in con.execute("SELECT event FROM archive").fetchall()]
+        finally:
+            con.close()
+        invalid = [
+            (json.loads(t)["event_type"], e.message) for t in texts for e in validator.iter_errors(json.loads(t))
+        ]
+        assert len(texts) > 1000 and invalid == []
+
     def test_the_chart_is_a_png(self, demo: Demo) -> None:
         data = (demo.out / "gap-rates.png").read_bytes()
         assert data[:8] == PNG_SIGNATURE

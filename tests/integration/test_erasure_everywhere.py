@@ -614,8 +614,19 @@ class TestErasureReachesEveryCopy:
         assert cli("verify", "--db", db, "--public-key", public, "--require-complete").output.startswith("OK: ")
         export_after = tmp_path / "export-after"
         cli("export", "--out", export_after, "--db", db)
-        for run_id in executed_runs.values():  # `query` prints rows as stored: sealed, or the control's plaintext
-            cli("query", "provenance", "--param", f"run_id={run_id}", "--format", "json", "--db", db)
+        for run_id in executed_runs.values():  # compliance's view without the key store: the control's plaintext
+            cli(
+                "query",
+                "provenance",
+                "--param",
+                f"run_id={run_id}",
+                "--format",
+                "json",
+                "--as",
+                "compliance",
+                "--db",
+                db,
+            )
 
         # 5. After: the erased user's values open nowhere (the database, the deferred input, the old export).
         views_after, api_after = compliance_answers(db, protector, executed_runs)

@@ -424,7 +424,7 @@ COLUMN_EDITS: dict[str, Callable[[Any], Any]] = {
     "action_key": lambda v: None if v else "k",
     "hash": lambda v: v[::-1],
     "prev_hash": lambda v: "f" * 64 if v != "f" * 64 else "e" * 64,
-    "schema_version": lambda v: v + 1,  # an edit whatever the version is
+    "schema_version": lambda v: v + 1,
     "occurred_at": lambda v: "2001-01-01T00:00:00+00:00",
 }
 

@@ -676,7 +676,7 @@ class TestDeadLetters:
             ("tombstone", k, None),
             ("not_an_event_array", k, b'{"event_type": "run_started"}'),
             ("unknown_event_type", k, _encode([base[0] | {"event_type": "run_teleported"}, *base[1:]])),
-            ("unsupported_schema_version", k, _encode([base[0] | {"schema_version": 2}, *base[1:]])),
+            ("unsupported_schema_version", k, _encode([base[0] | {"schema_version": 99}, *base[1:]])),
             ("malformed_event", k, _encode([base[0], base[1] | {"seq": "1"}, *base[2:]])),
             ("broken_chain", k, _encode([*base[:4], base[4] | {"field": base[4]["field"] | {"value": 1}}, *base[5:]])),
             ("incomplete_run", k, _encode(base[:-1])),
@@ -1148,7 +1148,11 @@ class TestMigrations:
             migrate_to(con, 5)
             tables, events = planned(runs[:2])
             # The rows as the projector of version 5 wrote them (the runs' later columns did not exist yet).
-            v5 = {**tables, "runs": tables["runs"].drop_columns(["readable_action_key"])}
+            v5 = {
+                **tables,
+                "runs": tables["runs"].drop_columns(["readable_action_key"]),
+                "field_provenance": tables["field_provenance"].drop_columns(["proposal"]),
+            }
             write_batch(con, v5, expected_events=events)
             before = con.execute("SELECT * FROM archive ORDER BY event_id").fetchall()
             assert migrate(con)[0] == "006_archive_zstd.sql"

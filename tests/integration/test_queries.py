@@ -125,6 +125,15 @@ async def _build(broker: Broker, db: Path) -> Log:
             again = await once.execute_if_ready(h1, sc.BANK_TOOL, lambda n, a: {"ok": True})
             assert again.status == "held" and again.refusal is not None
             log.runs["H2"] = again.refusal.run_events[0].run_id
+
+            # u_09: the model proposed the arguments: from_account as pre-set (matched), an amount the user
+            # did not say (diverged: settled from their words), a recipient only the model named (diverged:
+            # unknown, asked); a nested leaf by its pointer on the next run.
+            proposal = {"from_account": "1102534471", "amount": 900, "to_account": "9999000111"}
+            i1 = await engine().run_and_record(
+                sc.transfer(user_id="u_09", agent_id="agent-f", proposed_arguments=proposal)
+            )
+            log.runs["I1"] = i1.run_events[0].run_id
             positions = list(sink.acked_positions().values())
 
         # An outcome forged for A1, which was only asked: refused into dead_letters.
@@ -167,14 +176,25 @@ class TestNamesAndParameters:
     """Every named query declares exactly the parameters its SQL uses, and runs with them."""
 
     def test_the_named_queries(self) -> None:
-        assert queries.names() == ["gap_rates", "integrity", "provenance", "reask_loops", "responsibility"]
+        assert queries.names() == [
+            "dead_letters",
+            "gap_rates",
+            "id_prefix",
+            "integrity",
+            "proposal_divergence",
+            "provenance",
+            "reask_loops",
+            "responsibility",
+            "runs_search",
+        ]
 
     @pytest.mark.parametrize("name", queries.names())
     def test_declared_parameters_are_the_used_ones(self, name: str, con: duckdb.DuckDBPyConnection) -> None:
         query = queries.load(name)
         assert set(query.param_names) == queries.body_parameters(query.sql)
         assert query.summary and all(p.doc for p in query.params)
-        result = queries.run(con, name, **dict.fromkeys(query.param_names))
+        required = {p.name: "0" for p in query.params if not p.optional}
+        result = queries.run(con, name, **(dict.fromkeys(query.param_names) | required))
         assert result.columns and len(set(result.columns)) == len(result.columns)
 
     def test_an_undeclared_or_mistyped_parameter_is_refused(self, con: duckdb.DuckDBPyConnection) -> None:
@@ -299,7 +319,7 @@ class TestGapRates:
         assert (d["runs"], d["action_definition_gaps"]) == (2, 1)
         e = rows[("bank.transfer", "agent-e")]
         assert (e["runs"], e["executes"], e["unmet_conditions"]) == (2, 1, 1)  # the refused replay
-        assert sum(r["runs"] for r in rows.values()) == 14
+        assert sum(r["runs"] for r in rows.values()) == 15
 
     def test_days_restrict_the_groups(self, con: duckdb.DuckDBPyConnection) -> None:
         days = {r["day"] for r in run(con, "gap_rates")}
@@ -337,14 +357,35 @@ class TestReaskLoops:
             "u_06:bank.transfer",
             "u_07:bank.transfer",
             "u_08:bank.transfer",
+            "u_09:bank.transfer",
         }
-        assert sum(e["runs"] for e in episodes) == 12  # 14 runs, two without a key
+        assert sum(e["runs"] for e in episodes) == 13  # 15 runs, two without a key
         ended = {e["action_key"]: e["ended"] for e in episodes}
         assert (ended["u_03:bank.transfer"], ended["u_06:bank.transfer"], ended["u_07:bank.transfer"]) == (
             "deferred",
             "failed",
             "held",
         )
+
+
+class TestProposalDivergence:
+    """How often the model's proposal diverged from the sources, by tool and agent; provenance per leaf."""
+
+    def test_the_rate_of_the_proposed_run(self, projected: Log, con: duckdb.DuckDBPyConnection) -> None:
+        (row,) = run(con, "proposal_divergence")
+        assert (row["tool"], row["agent_id"]) == ("bank.transfer", "agent-f")
+        assert (row["proposed"], row["matched"], row["diverged"], row["not_proposed"]) == (3, 1, 2, 0)
+        assert row["divergence_rate"] == pytest.approx(0.6667)
+
+    def test_provenance_names_each_leafs_proposal(self, projected: Log, con: duckdb.DuckDBPyConnection) -> None:
+        rows = {r["field"]: r for r in run(con, "provenance", run_id=projected.runs["I1"])}
+        assert {n: (r["proposal"], r["source"]) for n, r in rows.items()} == {
+            "from_account": ("matched", "pre_set_data"),
+            "amount": ("diverged", "instruction"),
+            "to_account": ("diverged", None),
+        }
+        others = run(con, "provenance", run_id=projected.runs["A2"])
+        assert {r["proposal"] for r in others} == {None}  # no proposal given: none recorded
 
 
 class TestIntegrity:
@@ -419,3 +460,58 @@ class TestIntegrity:
         assert inherited == same
         assert (same["inherited_from_run_id"], same["first_supplied_in_run_id"]) == (projected.runs["A2"],) * 2
         assert same["supplied_by_detail"] == "unknown: the run that first supplied it is not projected (inherited)"
+
+
+class TestRunsSearch:
+    """`runs_search`: every filter narrows, a page is a page, the total counts every match."""
+
+    def test_by_action_key_in_log_order(self, con: duckdb.DuckDBPyConnection, projected: Log) -> None:
+        a1 = run(con, "runs_search", run_id=projected.runs["A1"])[0]
+        rows = run(con, "runs_search", action_key=a1["action_key"])
+        assert [r["run_id"] for r in rows] == [projected.runs[n] for n in ("A1", "A2", "A3", "A4")]
+        assert {r["total"] for r in rows} == {4}
+        assert rows[0]["decision"] == "ask_user" and rows[0]["unknown_fields"] == ["to_account"]
+        assert rows[0]["gate_kind"] is not None and rows[1]["outcome"] == "executed"
+
+    def test_pages_and_newest_first(self, con: duckdb.DuckDBPyConnection, projected: Log) -> None:
+        key = run(con, "runs_search", run_id=projected.runs["A1"])[0]["action_key"]
+        first = run(con, "runs_search", action_key=key, page_size=3)
+        second = run(con, "runs_search", action_key=key, page_size=3, page_offset=3)
+        assert len(first) == 3 and len(second) == 1 and {r["total"] for r in first + second} == {4}
+        newest = run(con, "runs_search", action_key=key, newest_first=True, page_size=1)
+        assert newest[0]["run_id"] == projected.runs["A4"]
+
+    def test_every_filter(self, con: duckdb.DuckDBPyConnection, projected: Log) -> None:
+        everything = run(con, "runs_search", page_size=1000)
+        assert len(everything) == everything[0]["total"] == len(projected.runs)
+        assert {r["run_id"] for r in run(con, "runs_search", user_id="u_02")} == {
+            projected.runs[n] for n in ("B1", "B2", "B3")
+        }
+        assert {r["agent_id"] for r in run(con, "runs_search", agent_id="agent-d")} == {"agent-d"}
+        assert {r["run_id"] for r in run(con, "runs_search", decision="failed")} == {projected.runs["F1"]}
+        assert {r["decision"] for r in run(con, "runs_search", decision="deferred")} == {"deferred"}
+        assert {r["tool"] for r in run(con, "runs_search", tool="bank.transfer")} == {"bank.transfer"}
+        assert run(con, "runs_search", key_contains="no such text") == []
+        started = sorted(r["started_at"] for r in everything)
+        later = run(con, "runs_search", from_time=started[-1], page_size=1000)
+        assert later and all(r["started_at"] >= started[-1] for r in later)
+        assert run(con, "runs_search", to_time=started[0]) == []
+
+    def test_sql_in_a_parameter_is_only_text(self, con: duckdb.DuckDBPyConnection) -> None:
+        assert run(con, "runs_search", action_key="x' OR '1'='1") == []
+        assert run(con, "runs_search", key_contains="'; DROP TABLE runs; --") == []
+        assert run(con, "runs_search", page_size=1)  # the table is still there
+
+
+class TestIdPrefixAndDeadLetters:
+    def test_a_prefix_finds_its_run_and_decision(self, con: duckdb.DuckDBPyConnection, projected: Log) -> None:
+        run_id, decision_id = projected.runs["A2"], projected.decision_ids["A2"]
+        assert run(con, "id_prefix", prefix=run_id[:8]) == [{"kind": "run_id", "id": run_id}]
+        assert {"kind": "decision_id", "id": decision_id} in run(con, "id_prefix", prefix=decision_id[:8])
+        assert len(run(con, "id_prefix", prefix="")) == 6  # at most three of each kind
+
+    def test_the_forged_outcome_is_a_dead_letter(self, con: duckdb.DuckDBPyConnection, projected: Log) -> None:
+        letters = run(con, "dead_letters")
+        assert [r["run_id"] for r in letters] == [projected.runs["A1"]]
+        assert letters[0]["code"] and letters[0]["reason"]
+        assert run(con, "dead_letters", code="no such code") == []

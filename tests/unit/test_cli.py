@@ -22,10 +22,12 @@ import duckdb
 import pytest
 from typer.testing import CliRunner, Result
 
+import queries
 from ledger.keys import generate_key
 from preflight import MemoryStorage, PreflightEvent
+from preflight.adapters.keystore import FileKeyStore
 from preflight.events import encode_message
-from preflight.protect import FileKeyStore, ValueErased, ValueProtector, subject_handle
+from preflight.protect import ValueErased, ValueProtector, subject_handle
 from preflight_audit import scenarios
 from preflight_audit.access import parse_tokens
 from preflight_audit.cli import app
@@ -172,7 +174,18 @@ class TestQuery:
         self, db: Path, seeds: tuple[Path, dict[str, scenarios.SessionResult]]
     ) -> None:
         run = seeds[1][INHERITED].final
-        result = invoke("query", "provenance", "-p", f"run_id={run.run_id}", "--format", "json", "--db", str(db))
+        result = invoke(
+            "query",
+            "provenance",
+            "-p",
+            f"run_id={run.run_id}",
+            "--format",
+            "json",
+            "--as",
+            "compliance",
+            "--db",
+            str(db),
+        )
         assert result.exit_code == 0, result.stderr
         rows = {row["field"]: row for row in json.loads(result.stdout)}
         assert set(rows) == {"from_account", "amount", "to_account"}
@@ -218,7 +231,7 @@ class TestQuery:
     def test_a_date_parameter_restricts_the_days(self, db: Path) -> None:
         dated = invoke("query", "gap_rates", "-p", "from_day=2000-01-01", "-f", "json", "--db", str(db))
         assert dated.exit_code == 0, dated.stderr
-        assert sum(r["runs"] for r in json.loads(dated.stdout)) == 12  # every run of the seed cases
+        assert sum(r["runs"] for r in json.loads(dated.stdout)) == 14  # every run of the seed cases
         none = invoke("query", "gap_rates", "-p", "from_day=2999-01-01", "-f", "json", "--db", str(db))
         assert json.loads(none.stdout) == []
 
@@ -260,6 +273,158 @@ class TestQuery:
         assert result.stderr.startswith("error: ")
 
 
+@pytest.fixture(scope="module")
+def sealed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, str]:
+    """The seed's cases played with values sealed per user, projected into a fresh file; and the keys."""
+    base = tmp_path_factory.mktemp("sealed")
+    keys, sink = base / "keys", MessageSink()
+    world = scenarios.World(MemoryStorage(), sink, protector=ValueProtector(FileKeyStore(keys)))
+
+    async def play() -> dict[str, scenarios.SessionResult]:
+        return {name: await scenarios.play(s, world) for name, s in scenarios.seed_sessions().items()}
+
+    played = asyncio.run(play())
+    project(base / "sealed.duckdb", sink.messages)
+    return base / "sealed.duckdb", keys, played[INHERITED].final.run_id
+
+
+class TestQueryViews:
+    """`query --as analyst|compliance`: the API's role views over sealed values; never an envelope printed."""
+
+    def test_the_default_is_the_analyst_view(self, sealed: tuple[Path, Path, str]) -> None:
+        db, _, run = sealed
+        for output in ("table", "json", "csv"):
+            result = invoke("query", "provenance", "-p", f"run_id={run}", "-f", output, "--db", str(db))
+            assert result.exit_code == 0, result.stderr
+            assert "2200119" not in result.stdout and "ciphertext" not in result.stdout, output
+            assert "tk1." in result.stdout, output  # the keyed token stands for the value
+        rows = json.loads(invoke("query", "provenance", "-p", f"run_id={run}", "-f", "json", "--db", str(db)).stdout)
+        assert {r["value_protection"] for r in rows if r["status"] == "known"} == {"sealed"}
+
+    def test_compliance_reads_values_then_erased(self, sealed: tuple[Path, Path, str], tmp_path: Path) -> None:
+        db, keys, run = sealed
+        args = (
+            "query",
+            "provenance",
+            "-p",
+            f"run_id={run}",
+            "-f",
+            "json",
+            "--as",
+            "compliance",
+            "--db",
+            str(db),
+        )
+        opened = invoke(*args, "--key-dir", str(keys))
+        assert opened.exit_code == 0, opened.stderr
+        assert {r["value"] for r in json.loads(opened.stdout) if r["field"] == "to_account"} >= {"2200119"}
+        copy = tmp_path / "keys"
+        shutil.copytree(keys, copy)
+        assert invoke("erase", "--user", "u_01", "--key-dir", str(copy)).exit_code == 0
+        erased = invoke(*args, "--key-dir", str(copy))
+        values = {r["value"] for r in json.loads(erased.stdout) if r["status"] == "known"}
+        assert values == {"erased"} and "2200119" not in erased.stdout
+
+    def test_values_that_do_not_open_are_named(self, sealed: tuple[Path, Path, str], tmp_path: Path) -> None:
+        db, _, run = sealed
+        result = invoke(
+            "query",
+            "provenance",
+            "-p",
+            f"run_id={run}",
+            "--as",
+            "compliance",
+            "--key-dir",
+            str(tmp_path / "none"),
+            "--db",
+            str(db),
+        )
+        assert result.exit_code == 0 and "did not open with the key store" in result.stderr
+
+
+class TestQueryInput:
+    """Short ids, queries that must be narrowed, whole descriptions, tables never cut."""
+
+    def test_a_short_run_id_is_the_whole_one(
+        self, db: Path, seeds: tuple[Path, dict[str, scenarios.SessionResult]]
+    ) -> None:
+        run = seeds[1][INHERITED].final
+        whole = invoke("query", "provenance", "-p", f"run_id={run.run_id}", "-f", "json", "--db", str(db))
+        short = invoke("query", "provenance", "-p", f"run_id={run.run_id[:8]}", "-f", "json", "--db", str(db))
+        assert short.exit_code == 0, short.stderr
+        assert json.loads(short.stdout) == json.loads(whole.stdout) and len(json.loads(short.stdout)) == 3
+        decision = run.decision_id
+        assert decision is not None
+        by_decision = invoke(
+            "query", "responsibility", "-p", f"decision_id={decision[:8]}", "-f", "json", "--db", str(db)
+        )
+        assert {r["run_id"] for r in json.loads(by_decision.stdout)} == {run.run_id}
+
+    def test_an_ambiguous_or_unknown_prefix_is_a_named_error(
+        self, db: Path, seeds: tuple[Path, dict[str, scenarios.SessionResult]]
+    ) -> None:
+        ids = [r.run_id for s in seeds[1].values() for r in s.runs]
+        first = next(c for c in "0123456789abcdef" if sum(i.startswith(c) for i in ids) > 1)
+        assert_one_line_error(
+            invoke("query", "provenance", "-p", f"run_id={first}", "--db", str(db)), 2, "is the start of several ids"
+        )
+        assert_one_line_error(
+            invoke("query", "provenance", "-p", "run_id=zz-not-a-run", "--db", str(db)),
+            2,
+            "no run id is or starts with",
+        )
+
+    @pytest.mark.parametrize(
+        ("name", "needs"), [("provenance", "action_key, run_id"), ("responsibility", "run_id, decision_id")]
+    )
+    def test_an_unnarrowed_query_is_a_usage_error(self, db: Path, name: str, needs: str) -> None:
+        assert_one_line_error(invoke("query", name, "--db", str(db)), 2, f"needs one of {needs}")
+
+    def test_the_list_shows_whole_descriptions(self) -> None:
+        result = invoke("query", env={"COLUMNS": "60"})
+        assert result.exit_code == 0
+        text = " ".join(result.stdout.split())
+        for name in queries.names():
+            assert " ".join(queries.load(name).summary.split()) in text, name
+        assert queries.load("provenance").summary.endswith("for every join that follows.")
+
+    def test_a_piped_table_is_not_cut(self, db: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.delenv("COLUMNS", raising=False)
+        result = CliRunner().invoke(app, ["query", "gap_rates", "--columns", "all", "--db", str(db)])
+        assert result.exit_code == 0, result.stderr
+        assert "…" not in result.stdout and "instruction_gap_rate" in result.stdout
+
+
+class TestCommandLine:
+    """Usage errors are one line; --debug shows the traceback; export and replay take what they say."""
+
+    @pytest.mark.parametrize(
+        ("args", "text"),
+        [
+            (("erase",), "Missing option '--user'"),
+            (("query", "integrity", "--bogus"), "No such option: --bogus"),
+            (("demo", "--sessions", "nine"), "Invalid value for '--sessions'"),
+        ],
+    )
+    def test_a_usage_error_is_one_line(self, args: tuple[str, ...], text: str) -> None:
+        assert_one_line_error(invoke(*args), 2, text)
+
+    def test_debug_shows_the_traceback(self, tmp_path: Path) -> None:
+        result = invoke("--debug", "query", "integrity", "--db", str(tmp_path / "none.duckdb"))
+        assert result.exit_code == 1
+        assert "Traceback" in result.stderr and "DatabaseNotFoundError" in result.stderr
+        assert result.stderr.strip().splitlines()[-1].startswith("error: no projection database")
+
+    def test_export_onto_a_file_is_a_usage_error(self, db: Path, tmp_path: Path) -> None:
+        file = tmp_path / "taken"
+        file.write_text("")
+        assert_one_line_error(invoke("export", "--out", str(file), "--db", str(db)), 2, "is a file: give a directory")
+
+    def test_replay_takes_the_database(self) -> None:
+        result = invoke("replay", "--db", "live.duckdb", env={"PREFLIGHT_BROKER": "embedded"})
+        assert_one_line_error(result, 2, "PREFLIGHT_BROKER=host:port")  # not "no such option"
+
+
 class TestExport:
     """Every projection table to one Parquet file, readable with its rows."""
 
@@ -280,7 +445,7 @@ class TestExport:
             runs = con.execute("SELECT count(*) FROM read_parquet($p)", {"p": str(files["runs"])}).fetchone()
         finally:
             con.close()
-        assert runs == (12,)
+        assert runs == (14,)
 
 
 class TestSettings:
@@ -423,6 +588,15 @@ class TestLedger:
         assert result.exit_code == 1, result.output
         assert "TAMPERED" in result.output and "first bad event" in result.output
 
+    def test_a_wrong_key_is_could_not_check(self, archive: tuple[Path, Path], tmp_path: Path) -> None:
+        copy, key = archive
+        assert invoke("digest", "--db", str(copy), "--key", str(key)).exit_code == 0
+        other = tmp_path / "other.key"
+        generate_key(other)
+        result = invoke("verify", "--db", str(copy), "--public-key", str(other) + ".pub")
+        assert_one_line_error(result, 2, "could not verify: the digests are signed by ed25519:")
+        assert "TAMPERED" not in result.output
+
     def test_what_cannot_be_checked_is_exit_2(self, archive: tuple[Path, Path], tmp_path: Path) -> None:
         copy, key = archive
         none = {"PREFLIGHT_DATA_DIR": str(tmp_path / "empty")}
@@ -460,6 +634,23 @@ class TestTokens:
     def test_bad_tokens_are_named_never_shown(self, inline: str, message: str) -> None:
         with pytest.raises(ConfigurationError, match=message) as caught:
             parse_tokens(inline, None)
+        assert "0123456" not in str(caught.value)
+
+    def test_a_hash_in_a_token_is_part_of_it_wherever_it_is_configured(self, tmp_path: Path) -> None:
+        token = "an-analyst#token-0123456789"
+        file = tmp_path / "tokens"
+        file.write_text(f"# the analysts\n  # indented comment\nanalyst:{token}\n")
+        from_file, from_env = parse_tokens(None, file), parse_tokens(f"analyst:{token}", None)
+        assert from_file.role_of(token) == from_env.role_of(token) == "analyst"
+        assert from_file.role_of("an-analyst") is None and from_env.role_of("an-analyst") is None
+
+    @pytest.mark.parametrize("where", ["file", "env"])
+    def test_a_comment_after_a_token_is_refused_by_name(self, tmp_path: Path, where: str) -> None:
+        text = "analyst:an-analyst-token-0123456789  # the analyst"
+        file = tmp_path / "tokens"
+        file.write_text(text + "\n")
+        with pytest.raises(ConfigurationError, match="a comment goes on a line of its own") as caught:
+            parse_tokens(None, file) if where == "file" else parse_tokens(text, None)
         assert "0123456" not in str(caught.value)
 
     def test_settings_read_them_as_a_secret(self, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -350,3 +350,33 @@ class TestTheReadyExtractor:
         assert (leaves["/to/bank_code"]["source"], leaves["/to/bank_code"]["proposal"]) == ("instruction", "matched")
         assert leaves["/to/account"]["status"] == "unknown"  # only the forwarded mail says 9999000111
         assert state.execution_decision == "ask_user"
+
+
+class TestMcpTypesAsTheyCome:
+    """The SDK's own objects, and a plain `model_dump()` of them, read as MCP means them."""
+
+    def test_an_sdk_tool_object_and_its_snake_case_dump_keep_a_read_only_tool_read_only(self) -> None:
+        from mcp.types import Tool as McpTool
+        from mcp.types import ToolAnnotations
+
+        from preflight.inputs import Tool
+        from preflight.reversibility import effect_class_of
+
+        sdk = McpTool(
+            name="git_status",
+            inputSchema={"type": "object", "properties": {"repo_path": {"type": "string"}}, "required": ["repo_path"]},
+            annotations=ToolAnnotations(readOnlyHint=True, destructiveHint=False),
+        )
+        for given in (sdk, sdk.model_dump()):
+            tool = Tool.model_validate(given)
+            assert effect_class_of(tool) == ("read_only", "annotations")
+            assert tool.input_schema_json == sdk.input_schema
+
+    async def test_an_sdk_error_result_object_is_failed(self) -> None:
+        from mcp.types import CallToolResult, TextContent
+
+        pf = create_preflight(hooks=sc.hooks(), storage=MemoryStorage())
+        state = await pf.run_and_record(sc.transfer(user_answers={"to_account": "2200119"}))
+        error = CallToolResult(content=[TextContent(type="text", text="no such account")], isError=True)
+        outcome = await pf.execute_if_ready(state, sc.BANK_TOOL, lambda name, args: error)
+        assert outcome.status == "failed" and "no such account" in str(outcome.error)
