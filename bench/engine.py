@@ -15,41 +15,11 @@ import time
 from typing import Any
 
 from preflight import MemoryEventSink, MemoryStorage, PreflightInput, create_preflight
+from preflight import scenario as sc
 
-TOOL: dict[str, Any] = {
-    "name": "bank.transfer",
-    "description": "Transfers are final. Confirm the recipient before calling.",
-    "inputSchema": {
-        "type": "object",
-        "properties": {
-            "from_account": {"type": "string"},
-            "amount": {"type": "integer"},
-            "to_account": {"type": "string"},
-        },
-        "required": ["from_account", "amount", "to_account"],
-    },
-}
-INPUT: dict[str, Any] = {
-    "user_id": "u_01",
-    "instruction": [{"text": "send 500,000 won to my landlord", "trust": "user"}],
-    "tool": TOOL,
-    "pre_set_data": {"from_account": {"value": "1102534471", "trust": "user"}},
-    "user_answers": {"to_account": "2200119"},
-    "user_checklist": [{"id": "chk_limit", "description": "within daily transfer limit"}],
-}
-HOOKS: dict[str, Any] = {
-    "classify_when_case": lambda instruction: "immediate",
-    "extract_user_action_name": lambda instruction: "send money to my landlord",
-    "confirm_tool_name_matches_intent": lambda c2, tool: {"approved": True, "reason": "transfer"},
-    "extract_from_instruction": lambda f, i: (
-        {"value": 500000, "segment_index": 0, "span": [5, 12]} if f == "amount" else None
-    ),
-    "measure_from_environment": lambda f, ctx: None,
-    "build_action_key": lambda user_id, fixed: f"{user_id}:{fixed['c3_provider_action_name']}",
-    "apply_field_policy": lambda record, ctx: record,
-    "validate_field_schema": lambda value, schema, ctx: None,
-    "verify_user_checklist_item": lambda item, ctx: {**item, "status": "verified", "source": "measured_data"},
-}
+#: The seed's transfer (`preflight.scenario`), its recipient answered: every run decides `execute`.
+INPUT: dict[str, Any] = sc.transfer(user_answers=sc.READY_ANSWERS)
+HOOKS = sc.hooks()
 
 
 async def decisions_per_second(n: int) -> tuple[float, int]:

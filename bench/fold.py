@@ -42,47 +42,27 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from infra.brokers import create_topics, publish_messages
 from infra.embedded import EmbeddedBroker
 from preflight import MemoryEventSink, MemoryStorage, create_preflight
+from preflight import scenario as sc
 from preflight.events import canonical_json, content_hash
 from streams.backfill import Backfill
 from streams.batch import Incoming, Progress, fold_partition
 from streams.process import WorkerProcess
 from streams.settings import WorkerSettings
 
-TOOL: dict[str, Any] = {
-    "name": "bank.transfer",
-    "description": "Transfers are final. Confirm the recipient before calling.",
-    "inputSchema": {
-        "type": "object",
-        "properties": {
-            "from_account": {"type": "string"},
-            "amount": {"type": "integer"},
-            "to_account": {"type": "string"},
-        },
-        "required": ["from_account", "amount", "to_account"],
-    },
-}
 TEMPLATE_USER = "tplusr000"
 
 
 def _hooks(outcome: str) -> dict[str, Any]:
-    hooks: dict[str, Any] = {
-        "classify_when_case": lambda instruction: "scheduled" if outcome == "deferred" else "immediate",
-        "extract_user_action_name": lambda instruction: "send money to my landlord",
-        "confirm_tool_name_matches_intent": lambda c2, tool: {"approved": outcome != "hold", "reason": "transfer"},
-        "extract_from_instruction": lambda f, i: (
-            {"value": 500000, "segment_index": 0, "span": [5, 12]} if f == "amount" else None
-        ),
-        "measure_from_environment": lambda f, ctx: None,
-        "build_action_key": lambda user_id, fixed: f"{user_id}:{fixed['c3_provider_action_name']}",
-        "apply_field_policy": lambda record, ctx: record,
-        "validate_field_schema": lambda value, schema, ctx: None,
-        "verify_user_checklist_item": lambda item, ctx: {
+    """The seed's hooks (`preflight.scenario`), steered to `outcome`."""
+    return sc.hooks(
+        classify_when_case=lambda instruction: "scheduled" if outcome == "deferred" else "immediate",
+        confirm_tool_name_matches_intent=lambda c2, tool: {"approved": outcome != "hold", "reason": "transfer"},
+        verify_user_checklist_item=lambda item, ctx: {
             **item,
             "status": "unverified" if outcome == "ask_user" else "verified",
             "source": "measured_data",
         },
-    }
-    return hooks
+    )
 
 
 #: The decision mix: (outcome, weight). Executed and failed runs also carry a tail message.
@@ -95,15 +75,9 @@ async def templates() -> dict[str, list[list[dict[str, Any]]]]:
     for outcome, _ in MIX:
         pf = create_preflight(hooks=_hooks(outcome), storage=MemoryStorage(), sink=MemoryEventSink())
         state = await pf.run_and_record(
-            {
-                "user_id": TEMPLATE_USER,
-                "instruction": [{"text": "send 500,000 won to my landlord", "trust": "user"}],
-                "tool": TOOL,
-                "pre_set_data": {"from_account": {"value": "1102534471", "trust": "user"}},
-                "user_answers": {"to_account": "2200119"},
-                "user_checklist": [{"id": "chk_limit", "description": "within daily transfer limit"}],
-                "tool_attempt": 2 if outcome == "hold" else 0,
-            }
+            sc.transfer(
+                user_id=TEMPLATE_USER, user_answers=sc.READY_ANSWERS, tool_attempt=2 if outcome == "hold" else 0
+            )
         )
         messages = [[e.model_dump(mode="json") for e in state.run_events]]
         if outcome in ("executed", "failed"):
@@ -113,7 +87,7 @@ async def templates() -> dict[str, list[list[dict[str, Any]]]]:
                     raise RuntimeError("provider error")
                 return "ok"
 
-            done = await pf.execute_if_ready(state, TOOL, tool)
+            done = await pf.execute_if_ready(state, sc.BANK_TOOL, tool)
             assert done.status == outcome, done.reason
             messages.append([done.state.run_events[-1].model_dump(mode="json")])
         made[outcome] = messages

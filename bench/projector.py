@@ -48,6 +48,7 @@ from typing import Any
 from infra.brokers import create_topics, publish_messages
 from infra.embedded import EmbeddedBroker
 from preflight import MemoryEventSink, MemoryStorage, create_preflight
+from preflight import scenario as sc
 from preflight.events import canonical_json, content_hash
 from projections import Projector, ProjectorStats, open_database
 from projections.decode import Incoming
@@ -59,15 +60,7 @@ TEMPLATE_USER = "tplusr000"
 TEMPLATE_AGENT = "tplagent0"
 
 TOOLS: dict[str, dict[str, Any]] = {
-    "bank.transfer": {
-        "name": "bank.transfer",
-        "description": "Transfers are final.",
-        "inputSchema": {
-            "type": "object",
-            "properties": {"from_account": {"type": "string"}, "amount": {"type": "integer"}, "to_account": {}},
-            "required": ["from_account", "amount", "to_account"],
-        },
-    },
+    "bank.transfer": sc.BANK_TOOL,
     "calendar.create_event": {
         "name": "calendar.create_event",
         "inputSchema": {"type": "object", "required": ["title", "start", "attendees"]},
@@ -91,17 +84,17 @@ MIX = (
 
 
 def _hooks(path: str) -> dict[str, Any]:
+    """The seed's hooks (`preflight.scenario`), steered down `path`, for every tool of `TOOLS`."""
+
     def classify(instruction: Any) -> str:
         if path == "intent_undetermined":
             return "sometime"
         return "scheduled" if path == "deferred" else "immediate"
 
     def extract(field: str, instruction: Any) -> dict[str, Any] | None:
-        if field == "amount":
-            return {"value": 500000, "segment_index": 0, "span": [5, 12]}
         if field in ("title", "subject"):  # "landlord", where the user wrote it
-            return {"value": "landlord", "segment_index": 0, "span": [23, 31]}
-        return None
+            return {"value": "landlord", "segment_index": 0, "span": sc.cite("landlord")}
+        return sc.extract_amount(field, instruction)
 
     def measure(field: str, ctx: Any) -> dict[str, Any] | None:
         return {"valid": True, "value": "2025-07-01T09:00:00Z"} if field == "start" else None
@@ -111,20 +104,17 @@ def _hooks(path: str) -> dict[str, Any]:
             return {**record, "pending_at_trigger": True}
         return record
 
-    return {
-        "classify_when_case": classify,
-        "extract_user_action_name": lambda instruction: "do what I said",
-        "confirm_tool_name_matches_intent": lambda c2, tool: {
+    return sc.hooks(
+        classify_when_case=classify,
+        extract_user_action_name=lambda instruction: "do what I said",
+        confirm_tool_name_matches_intent=lambda c2, tool: {
             "approved": path != "tool_undetermined",
             "reason": "matches" if path != "tool_undetermined" else "the user asked for something else",
         },
-        "extract_from_instruction": extract,
-        "measure_from_environment": measure,
-        "build_action_key": lambda user_id, fixed: f"{user_id}:{fixed['c3_provider_action_name']}",
-        "apply_field_policy": policy,
-        "validate_field_schema": lambda value, schema, ctx: None,
-        "verify_user_checklist_item": lambda item, ctx: {**item, "status": "verified", "source": "measured_data"},
-    }
+        extract_from_instruction=extract,
+        measure_from_environment=measure,
+        apply_field_policy=policy,
+    )
 
 
 async def engine_run(
@@ -138,17 +128,14 @@ async def engine_run(
     answers = {f: f"answer-{f}" for f in required if f not in ("amount", "title", "subject", "start")}
     run_tool = {k: v for k, v in tool.items() if k != "inputSchema"} if path == "definition_hold" else tool
     state = await pf.run_and_record(
-        {
-            "user_id": user,
-            "agent_id": agent,
-            "instruction": [{"text": "send 500,000 won to my landlord", "trust": "user"}],
-            "tool": run_tool,
-            "pre_set_data": {"from_account": {"value": "1102534471", "trust": "user", "origin": "profile"}},
-            "user_answers": {} if path in ("ask_value", "deferred") else answers,
-            "user_checklist": [{"description": "no id"}]
-            if path == "checklist_id_hold"
-            else [{"id": "chk_limit", "description": "within daily limit"}],
-        }
+        sc.transfer(
+            user_id=user,
+            agent_id=agent,
+            tool=run_tool,
+            pre_set_data={"from_account": {"value": "1102534471", "trust": "user", "origin": "profile"}},
+            user_answers={} if path in ("ask_value", "deferred") else answers,
+            **({"user_checklist": [{"description": "no id"}]} if path == "checklist_id_hold" else {}),
+        )
     )
     messages = [[e.model_dump(mode="json") for e in state.run_events]]
     if path in ("executed", "failed") and state.execution_decision == "execute":

@@ -44,6 +44,7 @@ import pyarrow as pa
 from ledger import SigningKey, digest_file
 from ledger.verify import verify
 from preflight import MemoryEventSink, MemoryStorage, create_preflight
+from preflight import scenario as sc
 from preflight.events import GENESIS_HASH, canonical_json, verify_run
 from preflight.events import decode_event as decode
 from projections import open_database
@@ -54,57 +55,38 @@ TARGET_S = 10.0
 TOPIC = "preflight.events"
 TEMPLATE_USER = "tplusr000"
 TEMPLATE_AGENT = "tplagent0"
-TOOL: dict[str, Any] = {
-    "name": "bank.transfer",
-    "description": "Transfers are final.",
-    "inputSchema": {
-        "type": "object",
-        "properties": {"from_account": {"type": "string"}, "amount": {"type": "integer"}, "to_account": {}},
-        "required": ["from_account", "amount", "to_account"],
-    },
-}
 #: (decision path, weight)
 MIX = (("executed", 30), ("failed", 4), ("ask_value", 30), ("tool_undetermined", 10), ("deferred", 14))
 
 
 def _hooks(path: str) -> dict[str, Any]:
-    def extract(field: str, instruction: Any) -> dict[str, Any] | None:
-        return {"value": 500000, "segment_index": 0, "span": [5, 12]} if field == "amount" else None
+    """The seed's hooks (`preflight.scenario`), steered down `path`."""
 
     def policy(record: dict[str, Any], ctx: Any) -> dict[str, Any]:
         if path == "deferred" and record.get("status") == "unknown":
             return {**record, "pending_at_trigger": True}
         return record
 
-    return {
-        "classify_when_case": lambda instruction: "scheduled" if path == "deferred" else "immediate",
-        "extract_user_action_name": lambda instruction: "send money to my landlord",
-        "confirm_tool_name_matches_intent": lambda c2, tool: {
+    return sc.hooks(
+        classify_when_case=lambda instruction: "scheduled" if path == "deferred" else "immediate",
+        confirm_tool_name_matches_intent=lambda c2, tool: {
             "approved": path != "tool_undetermined",
             "reason": "matches" if path != "tool_undetermined" else "the user asked for something else",
         },
-        "extract_from_instruction": extract,
-        "measure_from_environment": lambda field, ctx: None,
-        "build_action_key": lambda user_id, fixed: f"{user_id}:{fixed['c3_provider_action_name']}",
-        "apply_field_policy": policy,
-        "validate_field_schema": lambda value, schema, ctx: None,
-        "verify_user_checklist_item": lambda item, ctx: {**item, "status": "verified", "source": "measured_data"},
-    }
+        apply_field_policy=policy,
+    )
 
 
 async def _template(path: str) -> list[list[dict[str, Any]]]:
     """One engine run on `path` as JSON events, grouped by message (the run, then its outcome)."""
     pf = create_preflight(hooks=_hooks(path), storage=MemoryStorage(), sink=MemoryEventSink())
     state = await pf.run_and_record(
-        {
-            "user_id": TEMPLATE_USER,
-            "agent_id": TEMPLATE_AGENT,
-            "instruction": [{"text": "send 500,000 won to my landlord", "trust": "user"}],
-            "tool": TOOL,
-            "pre_set_data": {"from_account": {"value": "1102534471", "trust": "user", "origin": "profile"}},
-            "user_answers": {} if path in ("ask_value", "deferred") else {"to_account": "2200119"},
-            "user_checklist": [{"id": "chk_limit", "description": "within daily limit"}],
-        }
+        sc.transfer(
+            user_id=TEMPLATE_USER,
+            agent_id=TEMPLATE_AGENT,
+            pre_set_data={"from_account": {"value": "1102534471", "trust": "user", "origin": "profile"}},
+            user_answers={} if path in ("ask_value", "deferred") else sc.READY_ANSWERS,
+        )
     )
     messages = [[e.model_dump(mode="json") for e in state.run_events]]
     if path in ("executed", "failed"):
@@ -114,7 +96,7 @@ async def _template(path: str) -> list[list[dict[str, Any]]]:
                 raise RuntimeError("provider error")
             return "ok"
 
-        done = await pf.execute_if_ready(state, TOOL, call)
+        done = await pf.execute_if_ready(state, sc.BANK_TOOL, call)
         assert done.status == path, done.reason
         messages.append([done.state.run_events[-1].model_dump(mode="json")])
     return messages

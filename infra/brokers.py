@@ -14,9 +14,9 @@ partitions, and the Apache Kafka broker here does not create topics implicitly a
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol, Self
 
@@ -27,9 +27,10 @@ from aiokafka.protocol.metadata import MetadataRequest
 
 from infra._process import wait_until_answering
 from infra.errors import BrokerConfigError, TopicAdminError
+from preflight_audit.settings import SettingValueError, env_var, given_settings
 
 #: The one environment variable that picks the broker.
-ENV_VAR = "PREFLIGHT_BROKER"
+ENV_VAR = env_var("broker")
 
 _ADDRESS = re.compile(r"^[A-Za-z0-9_.\-]+:\d{1,5}$|^\[[0-9A-Fa-f:]+\]:\d{1,5}$")
 
@@ -103,23 +104,38 @@ class ExternalBroker:
         return f"ExternalBroker({self._bootstrap_servers})"
 
 
-def broker_from_env(environ: Mapping[str, str] | None = None) -> Broker:
-    """The broker chosen by ``PREFLIGHT_BROKER`` (see the module doc), not yet started: use it in ``with``.
+def broker_for(spec: str, *, log_dir: Path | None = None) -> Broker:
+    """The broker `spec` names -- ``embedded``, ``kafka`` or ``host:port[,host:port...]`` (the setting
+    ``broker``) -- not yet started: use it in ``with``. An embedded broker logs to `log_dir` (default: a
+    temporary directory removed when it stops).
 
-    :param environ: the environment to read (default: ``os.environ``).
-    :raises BrokerConfigError: when the value is neither a broker kind nor an address.
+    :raises BrokerConfigError: when `spec` is neither a broker kind nor an address.
     """
-    value = (os.environ if environ is None else environ).get(ENV_VAR, "").strip()
+    value = spec.strip()
     kind = value.lower()
     if kind in ("", "embedded"):
         from infra.embedded import EmbeddedBroker
 
-        return EmbeddedBroker()
+        return EmbeddedBroker(log_dir=log_dir)
     if kind == "kafka":
         from infra.kafka import ApacheKafkaBroker
 
         return ApacheKafkaBroker()
     return ExternalBroker(value)
+
+
+def broker_from_env(environ: Mapping[str, str] | None = None) -> Broker:
+    """The broker chosen by ``PREFLIGHT_BROKER`` (see the module doc; read through the one settings model,
+    `preflight_audit.settings`), not yet started: use it in ``with``.
+
+    :param environ: the environment to read (default: the process environment).
+    :raises BrokerConfigError: when the value is neither a broker kind nor an address.
+    """
+    try:
+        given = given_settings(environ, "broker")
+    except SettingValueError as exc:
+        raise BrokerConfigError(str(exc)) from None
+    return broker_for(given.get("broker", "embedded"))
 
 
 async def _metadata(client: Any) -> dict[str, dict[str, Any]]:

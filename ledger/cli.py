@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from collections.abc import Mapping, Sequence
 from typing import TextIO
@@ -83,7 +82,7 @@ def main(
     err: TextIO | None = None,
 ) -> int:
     """Run one command; return its exit code."""
-    env = os.environ if environ is None else environ
+    env = environ  # None: the process environment, read through the settings model by `ledger.keys`
     stdout = out or sys.stdout
     stderr = err or sys.stderr
     args = parser().parse_args(argv)
@@ -107,7 +106,7 @@ def main(
         return EXIT_CONFIG
 
 
-def _digest(args: argparse.Namespace, env: Mapping[str, str], stdout: TextIO) -> int:
+def _digest(args: argparse.Namespace, env: Mapping[str, str] | None, stdout: TextIO) -> int:
     key = signing_key_from_config(args.key, env)
     earlier = verify_keys_from_config(args.public_key, {}) if args.public_key else []
     result = digest_file(args.database, key, span_events=args.span_events, final=args.final, verify_keys=earlier)
@@ -121,7 +120,7 @@ def _digest(args: argparse.Namespace, env: Mapping[str, str], stdout: TextIO) ->
     return EXIT_OK
 
 
-def _verify(args: argparse.Namespace, env: Mapping[str, str], stdout: TextIO) -> int:
+def _verify(args: argparse.Namespace, env: Mapping[str, str] | None, stdout: TextIO) -> int:
     keys = verify_keys_from_config(args.public_key, env)
     anchors = [parse_anchor(a) for a in args.anchor]
     report = verify(

@@ -16,8 +16,10 @@ right one, and a digest signed by a key it was not given is a finding, not a gue
 Where the command line finds keys (`signing_key_from_config`, `verify_keys_from_config`): an
 explicit path first, then ``PREFLIGHT_LEDGER_KEY_FILE`` / ``PREFLIGHT_LEDGER_PUBLIC_KEY_FILE`` (a
 path; several public keys separated by the platform's path separator), then ``PREFLIGHT_LEDGER_KEY``
-/ ``PREFLIGHT_LEDGER_PUBLIC_KEY`` (the key itself, PEM or hex/base64). The library API takes key
-objects as arguments and reads no environment.
+/ ``PREFLIGHT_LEDGER_PUBLIC_KEY`` (the key itself, PEM or hex/base64) -- the settings ``ledger_key_file``,
+``ledger_public_key_file``, ``ledger_key`` and ``ledger_public_key`` of the deployment's one settings model
+(`preflight_audit.settings`), which reads the variables. `signing_key_from` and `verify_keys_from` take
+those values as arguments; the library API takes key objects and reads no environment.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from ledger.errors import KeyExistsError, KeyFormatError, KeyMissingError
+from preflight_audit.settings import env_var, given_settings
 
 __all__ = [
     "KEY_ENV",
@@ -47,16 +50,18 @@ __all__ = [
     "key_id_of",
     "load_signing_key",
     "load_verify_key",
+    "signing_key_from",
     "signing_key_from_bytes",
     "signing_key_from_config",
     "verify_key_from_bytes",
+    "verify_keys_from",
     "verify_keys_from_config",
 ]
 
-KEY_FILE_ENV = "PREFLIGHT_LEDGER_KEY_FILE"
-KEY_ENV = "PREFLIGHT_LEDGER_KEY"
-PUBLIC_KEY_FILE_ENV = "PREFLIGHT_LEDGER_PUBLIC_KEY_FILE"
-PUBLIC_KEY_ENV = "PREFLIGHT_LEDGER_PUBLIC_KEY"
+KEY_FILE_ENV = env_var("ledger_key_file")
+KEY_ENV = env_var("ledger_key")
+PUBLIC_KEY_FILE_ENV = env_var("ledger_public_key_file")
+PUBLIC_KEY_ENV = env_var("ledger_public_key")
 _RAW_SIZE = 32
 
 
@@ -223,36 +228,62 @@ def load_verify_key(path: str | Path) -> VerifyKey:
     return verify_key_from_bytes(_read(path, "public key"), str(path))
 
 
-def signing_key_from_config(path: str | Path | None, environ: Mapping[str, str]) -> SigningKey:
-    """The signing key: `path`, else ``$PREFLIGHT_LEDGER_KEY_FILE``, else ``$PREFLIGHT_LEDGER_KEY``.
+def signing_key_from(path: str | Path | None, key: str | None = None) -> SigningKey:
+    """The signing key: the file at `path`, else `key` itself (the setting ``ledger_key``).
 
-    :raises KeyMissingError: none of them is set. :raises KeyFormatError: the one found is unreadable.
+    :raises KeyMissingError: neither is given. :raises KeyFormatError: the one given is unreadable.
     """
     if path is not None:
         return load_signing_key(path)
-    if environ.get(KEY_FILE_ENV):
-        return load_signing_key(environ[KEY_FILE_ENV])
-    if environ.get(KEY_ENV):
-        return signing_key_from_bytes(environ[KEY_ENV].encode(), f"${KEY_ENV}")
+    if key:
+        return signing_key_from_bytes(key.encode(), f"${KEY_ENV}")
     raise KeyMissingError(
         f"no signing key: pass --key PATH or set {KEY_FILE_ENV}; create one with `python -m ledger keygen PATH`"
     )
 
 
-def verify_keys_from_config(paths: Iterable[str | Path], environ: Mapping[str, str]) -> list[VerifyKey]:
-    """The public keys: `paths`, else ``$PREFLIGHT_LEDGER_PUBLIC_KEY_FILE`` (path-separated list), else
-    ``$PREFLIGHT_LEDGER_PUBLIC_KEY``.
+def verify_keys_from(
+    paths: Iterable[str | Path], key_files: str | None = None, key: str | None = None
+) -> list[VerifyKey]:
+    """The public keys: the files at `paths`, else those `key_files` lists (path-separated: the setting
+    ``ledger_public_key_file``), else `key` itself (the setting ``ledger_public_key``).
 
     :raises KeyMissingError: none given. :raises KeyFormatError: one found is unreadable.
     """
     given = list(paths)
     if given:
         return [load_verify_key(p) for p in given]
-    if environ.get(PUBLIC_KEY_FILE_ENV):
-        return [load_verify_key(p) for p in environ[PUBLIC_KEY_FILE_ENV].split(os.pathsep) if p]
-    if environ.get(PUBLIC_KEY_ENV):
-        return [verify_key_from_bytes(environ[PUBLIC_KEY_ENV].encode(), f"${PUBLIC_KEY_ENV}")]
+    if key_files:
+        return [load_verify_key(p) for p in key_files.split(os.pathsep) if p]
+    if key:
+        return [verify_key_from_bytes(key.encode(), f"${PUBLIC_KEY_ENV}")]
     raise KeyMissingError(
         f"no public key to verify with: pass --public-key PATH.pub or set {PUBLIC_KEY_FILE_ENV}"
         " (the .pub file `python -m ledger keygen` wrote beside the private key)"
     )
+
+
+def signing_key_from_config(path: str | Path | None, environ: Mapping[str, str] | None = None) -> SigningKey:
+    """The signing key: `path`, else ``$PREFLIGHT_LEDGER_KEY_FILE``, else ``$PREFLIGHT_LEDGER_KEY``, as
+    `environ` (default: the process environment) sets them.
+
+    :raises KeyMissingError: none of them is set. :raises KeyFormatError: the one found is unreadable.
+    """
+    if path is not None:
+        return load_signing_key(path)
+    given = given_settings(environ, "ledger_key_file", "ledger_key")
+    secret = given.get("ledger_key")
+    return signing_key_from(given.get("ledger_key_file"), secret.get_secret_value() if secret is not None else None)
+
+
+def verify_keys_from_config(paths: Iterable[str | Path], environ: Mapping[str, str] | None = None) -> list[VerifyKey]:
+    """The public keys: `paths`, else ``$PREFLIGHT_LEDGER_PUBLIC_KEY_FILE`` (path-separated list), else
+    ``$PREFLIGHT_LEDGER_PUBLIC_KEY``, as `environ` (default: the process environment) sets them.
+
+    :raises KeyMissingError: none given. :raises KeyFormatError: one found is unreadable.
+    """
+    given = list(paths)
+    if given:
+        return verify_keys_from(given)
+    settings = given_settings(environ, "ledger_public_key_file", "ledger_public_key")
+    return verify_keys_from((), settings.get("ledger_public_key_file"), settings.get("ledger_public_key"))

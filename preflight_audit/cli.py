@@ -1,4 +1,4 @@
-"""The `preflight-audit` command: serve, demo, query, replay, export, broker, erase, digest, verify.
+"""The `preflight-audit` command: serve, demo, query, settings, replay, export, broker, erase, digest, verify.
 
 Settings come from options, ``PREFLIGHT_*`` variables and ``preflight-audit.toml`` (`preflight_audit.settings`).
 Every failure the command expects -- bad settings, an unknown query or parameter, a missing or busy
@@ -358,6 +358,61 @@ def _whole_ids(con: Any, params: dict[str, Any]) -> dict[str, Any]:
             )
         resolved[name] = found[0]
     return resolved
+
+
+@app.command("settings")
+@_reported
+def settings_command(
+    ctx: typer.Context,
+    given: Annotated[
+        list[str] | None,
+        typer.Option("--set", "-s", help="a setting as name=value, as a command's own option gives it (repeatable)"),
+    ] = None,
+    output: Annotated[OutputFormat, typer.Option("--format", "-f", help="table or json")] = OutputFormat.table,
+) -> None:
+    """List every setting: its variable, current value, default and where the value came from.
+
+    Sources, highest first: the command line, PREFLIGHT_* variables, the settings file, the defaults. Secrets
+    are masked. The variables only the test suite reads are listed after.
+    """
+    from preflight_audit.settings import TEST_SUITE_VARIABLES, explain
+
+    overrides: dict[str, str] = {}
+    for item in given or []:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            raise UsageError(f"--set {item!r}: expected name=value")
+        overrides[name.strip()] = value
+    options: _Options = ctx.obj
+    _, rows = explain(options.settings_file, **overrides)
+    if output is OutputFormat.csv:
+        raise UsageError("settings: --format is table or json")
+    if output is OutputFormat.json:
+        import json
+
+        listed = [
+            {
+                "name": r.name,
+                "variable": r.variable,
+                "value": r.value,
+                "default": r.default,
+                "from": r.origin,
+                "secret": r.secret,
+                "meaning": r.description,
+            }
+            for r in rows
+        ]
+        tests = [{"variable": var, "meaning": meaning} for var, meaning in TEST_SUITE_VARIABLES.items()]
+        typer.echo(json.dumps({"settings": listed, "test_suite": tests}, indent=2))
+        return
+    table = Table(title="Settings", title_justify="left", header_style="bold")
+    for column in ("setting", "variable", "value", "default", "from", "meaning"):
+        table.add_column(column, overflow="fold")
+    for r in rows:
+        origin = r.origin if r.origin == "default" else f"[bold]{r.origin}[/]"
+        table.add_row(r.name, r.variable, escape(r.value), escape(r.default), origin, escape(r.description))
+    _out().print(table)
+    _out().print("test suite only (not settings of the system): " + ", ".join(TEST_SUITE_VARIABLES), soft_wrap=True)
 
 
 @app.command()

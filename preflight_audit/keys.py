@@ -13,7 +13,7 @@ Private keys are written mode 0600, never printed, never put in an error message
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,8 +23,8 @@ from ledger.keys import (
     VerifyKey,
     generate_key,
     load_verify_key,
-    signing_key_from_config,
-    verify_keys_from_config,
+    signing_key_from,
+    verify_keys_from,
 )
 from ledger.store import DigestResult, digest_file
 from ledger.verify import VerifyReport, verify
@@ -136,23 +136,23 @@ def erase_user(directory: Path, user: str) -> tuple[Erasure, bool]:
 
 
 def ledger_signing_key(settings: Settings, path: Path | None = None, *, create_at: Path | None = None) -> SigningKey:
-    """The ledger's private digest key: `path`, else ``ledger_key_file``, else what `ledger.keys` reads from
-    the environment; with `create_at`, a key created there (``python -m ledger keygen``) when none is
+    """The ledger's private digest key: `path`, else ``ledger_key_file``, else the key itself
+    (``ledger_key``); with `create_at`, a key created there (``python -m ledger keygen``) when none is
     configured and none exists there yet."""
     chosen = path or settings.ledger_key_file
+    inline = settings.ledger_key.get_secret_value() if settings.ledger_key is not None else None
     if chosen is None and create_at is not None:
         if not create_at.exists():
             create_at.parent.mkdir(parents=True, exist_ok=True)
             return generate_key(create_at)
         chosen = create_at
-    return signing_key_from_config(chosen, os.environ)
+    return signing_key_from(chosen, inline)
 
 
-def ledger_verify_keys(
-    settings: Settings, given: Sequence[Path] = (), environ: Mapping[str, str] | None = None
-) -> list[VerifyKey]:
+def ledger_verify_keys(settings: Settings, given: Sequence[Path] = ()) -> list[VerifyKey]:
     """The ledger's public keys: `given`, else ``ledger_public_key_file`` (os.pathsep-separated), else
-    ``<ledger_key_file>.pub``, else ``<data_dir>/ledger.key.pub`` when it exists, else the environment."""
+    ``<ledger_key_file>.pub``, else ``<data_dir>/ledger.key.pub`` when it exists, else the key itself
+    (``ledger_public_key``)."""
     if given:
         return [load_verify_key(p) for p in given]
     if settings.ledger_public_key_file:
@@ -162,7 +162,7 @@ def ledger_verify_keys(
             public = private.with_name(private.name + ".pub")
             if public.is_file() or private == settings.ledger_key_file:
                 return [load_verify_key(public)]
-    return verify_keys_from_config([], os.environ if environ is None else environ)
+    return verify_keys_from((), None, settings.ledger_public_key)
 
 
 def digest_database(database: Path, key: SigningKey, *, final: bool = True) -> DigestResult:

@@ -3,8 +3,9 @@
 For the demo, and for benchmarks and tests that want the same scenarios instead of defining their own:
 
 * the tools, exactly as MCP ``tools/list`` returns them (`BANK_TRANSFER`, `BILLING_PAY`, ...);
-* `seed_transfer_hooks` / `seed_transfer_input`: the seed's bank transfer with trivial hooks (a
-  well-behaved agent for "send 500,000 won to my landlord", as `tests/unit/scenario.py` has it);
+* the seed's bank transfer with trivial hooks (a well-behaved agent for "send 500,000 won to my
+  landlord") is `preflight.scenario`, the one fixture the tests and benchmarks use too; `BANK_TRANSFER`
+  is its tool;
 * `agent_hooks`: a rule-based agent whose hooks read the instruction text -- C1 from time words, C2 from
   the verb phrase, the tool gate from a table of what each action may use, values with their real
   spans, measurements from the environment, a field policy that lets only recipients be inherited and
@@ -38,7 +39,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from preflight import ExecutionRecord, Preflight, create_preflight
+from preflight import ExecutionRecord, Preflight, create_preflight, scenario
 from preflight.hooks import Hook, LookupContext, read
 from preflight.ports import EventSink, Storage
 from preflight.protect import ValueProtector
@@ -66,26 +67,12 @@ __all__ = [
     "play",
     "play_all",
     "seed_sessions",
-    "seed_transfer_hooks",
-    "seed_transfer_input",
     "shifted_clock",
 ]
 
 # ---- tools, as MCP tools/list returns them -----------------------------------------------------------------
 
-BANK_TRANSFER: dict[str, Any] = {
-    "name": "bank.transfer",
-    "description": "Transfers are final. Confirm the recipient before calling.",
-    "inputSchema": {
-        "type": "object",
-        "properties": {
-            "from_account": {"type": "string"},
-            "amount": {"type": "integer"},
-            "to_account": {"type": "string"},
-        },
-        "required": ["from_account", "amount", "to_account"],
-    },
-}
+BANK_TRANSFER: dict[str, Any] = scenario.BANK_TOOL
 BILLING_PAY: dict[str, Any] = {
     "name": "billing.pay",
     "description": "Pays a bill from the user's account. Payments are final; the amount due is read from the biller.",
@@ -156,41 +143,9 @@ TOOLS: dict[str, dict[str, Any]] = {
 AGENTS = ("web-assistant", "mobile-assistant", "ops-bot")
 SCHEDULER = "scheduler"
 
-# ---- the seed's transfer, with trivial hooks -----------------------------------------------------------------
+# ---- the seed's transfer (its fixture: `preflight.scenario`) ------------------------------------------------
 
-SEED_INSTRUCTION = "send 500,000 won to my landlord"
-
-
-def seed_transfer_hooks(**overrides: Hook) -> dict[str, Hook]:
-    """The seed's well-behaved agent for `SEED_INSTRUCTION` (every hook trivial); override what you test."""
-    hooks: dict[str, Hook] = {
-        "classify_when_case": lambda instruction: "immediate",
-        "extract_user_action_name": lambda instruction: "send money to my landlord",
-        "confirm_tool_name_matches_intent": lambda c2, tool: {"approved": True, "reason": "a transfer was asked for"},
-        "extract_from_instruction": lambda name, instruction: (
-            {"value": 500000, "segment_index": 0, "span": [5, 12]} if name == "amount" else None
-        ),
-        "measure_from_environment": lambda name, ctx: None,
-        "build_action_key": lambda user_id, fixed: f"{user_id}:{fixed['c3_provider_action_name']}",
-        "apply_field_policy": lambda record, ctx: record,
-        "validate_field_schema": lambda value, schema, ctx: None,
-        "verify_user_checklist_item": lambda item, ctx: {**item, "status": "verified", "source": "measured_data"},
-    }
-    hooks.update(overrides)
-    return hooks
-
-
-def seed_transfer_input(**overrides: Any) -> dict[str, Any]:
-    """The seed's run input: to_account is not in it (answer it with ``user_answers``)."""
-    base: dict[str, Any] = {
-        "user_id": "u_01",
-        "instruction": [{"text": SEED_INSTRUCTION, "trust": "user"}],
-        "tool": BANK_TRANSFER,
-        "pre_set_data": {"from_account": {"value": "1102534471", "trust": "user"}},
-        "user_checklist": [{"id": "chk_limit", "description": "within daily transfer limit"}],
-    }
-    base.update(overrides)
-    return base
+SEED_INSTRUCTION = scenario.INSTRUCTION_TEXT
 
 
 # ---- a rule-based agent's hooks --------------------------------------------------------------------------------

@@ -18,8 +18,8 @@ them as ``executed_without_valid_decision``). Without a `DecisionTrust` nothing 
 
 `DecisionTrust` holds the public keys as PEM bytes: it pickles (key objects do not), so it travels to
 the decode workers with each chunk, and each process loads the keys once (`DecisionTrust.verifier`).
-`DecisionTrust.from_env` reads the variables the fold worker reads (`streams.settings`), so one
-``PREFLIGHT_DECISION_PUBLIC_KEYS`` configures both consumers.
+`DecisionTrust.from_env` reads the settings the fold worker reads, through the deployment's one settings
+model (`preflight_audit.settings`), so one ``PREFLIGHT_DECISION_PUBLIC_KEYS`` configures both consumers.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ from preflight.signing import (
     decision_validity,
     parse_time,
 )
+from preflight_audit.settings import SettingValueError, env_var, given_settings
 from projections.decode import Incoming
 from projections.rows import RUNS, PreparedChunk, PreparedRun, RawMessage, StoredRun, detached, prepare_all
 
@@ -64,9 +65,9 @@ __all__ = [
 ]
 
 #: The variables naming the trusted keys (PEM files, os.pathsep-separated) and the leeway in seconds: the
-#: ones the fold worker reads (`streams.settings.ENV_VARS`).
-PUBLIC_KEYS_VAR: Final = "PREFLIGHT_DECISION_PUBLIC_KEYS"
-LEEWAY_VAR: Final = "PREFLIGHT_DECISION_LEEWAY_S"
+#: ones the fold worker reads (settings ``decision_public_keys`` and ``decision_leeway_s``).
+PUBLIC_KEYS_VAR: Final = env_var("decision_public_keys")
+LEEWAY_VAR: Final = env_var("decision_leeway_s")
 
 #: Verdicts on a decision's signature (`runs.decision_signature_check`).
 VERIFIED: Final = "verified"
@@ -156,16 +157,15 @@ class DecisionTrust:
 
         :raises SigningKeyError: the leeway is not a number, or see `from_pem_files`.
         """
-        env = os.environ if environ is None else environ
-        paths = list(public_keys) or [part for part in env.get(PUBLIC_KEYS_VAR, "").split(os.pathsep) if part.strip()]
-        if not paths:
-            return None
-        if leeway_s is None:
-            raw = env.get(LEEWAY_VAR, "").strip() or "0"
-            try:
-                leeway_s = float(raw)
-            except ValueError:
-                raise SigningKeyError(f"{LEEWAY_VAR}={raw!r} is not a number") from None
+        try:
+            named = given_settings(environ, "decision_public_keys").get("decision_public_keys", "")
+            paths = list(public_keys) or [part for part in str(named).split(os.pathsep) if part.strip()]
+            if not paths:
+                return None
+            if leeway_s is None:
+                leeway_s = float(given_settings(environ, "decision_leeway_s").get("decision_leeway_s", 0.0))
+        except SettingValueError as exc:
+            raise SigningKeyError(str(exc)) from None
         return cls.from_pem_files(*paths, leeway_s=leeway_s)
 
     @property

@@ -1,7 +1,9 @@
 """The worker's configuration: one frozen settings object, built from arguments or from the environment.
 
 Nothing in the worker reads the environment except `WorkerSettings.from_env`, which the module-level
-`streams.app.app` calls because `faust -A streams.app worker` can only name a module attribute.
+`streams.app.app` calls because `faust -A streams.app worker` can only name a module attribute; it reads
+the variables through the deployment's one settings model (`preflight_audit.settings`), which declares
+each of them (`SETTINGS` maps a field here to its setting there).
 """
 
 from __future__ import annotations
@@ -11,29 +13,29 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from preflight_audit.settings import SettingValueError, env_var, given_settings
 from streams.errors import SettingsError
 
-#: Environment variable -> settings field. Every variable is optional.
-ENV_VARS: dict[str, str] = {
-    "PREFLIGHT_BROKER_URL": "broker_url",
-    "PREFLIGHT_EVENTS_TOPIC": "events_topic",
-    "PREFLIGHT_EVENTS_PARTITIONS": "partitions",
-    "PREFLIGHT_DLQ_TOPIC": "dlq_topic",
-    "PREFLIGHT_APP_ID": "app_id",
-    "PREFLIGHT_TABLE": "table_name",
-    "PREFLIGHT_WEB_HOST": "web_host",
-    "PREFLIGHT_WEB_PORT": "web_port",
-    "PREFLIGHT_DATA_DIR": "data_dir",
-    "PREFLIGHT_BATCH_SIZE": "batch_size",
-    "PREFLIGHT_BATCH_WITHIN_S": "batch_within_s",
-    "PREFLIGHT_PROFILE": "profile_path",
-    "PREFLIGHT_CATCH_UP": "catch_up",
-    "PREFLIGHT_DECISION_PUBLIC_KEYS": "decision_public_keys",
-    "PREFLIGHT_DECISION_LEEWAY_S": "decision_leeway_s",
+#: Settings field -> the setting of `preflight_audit.settings.Settings` it is read from.
+SETTINGS: dict[str, str] = {
+    "broker_url": "broker_url",
+    "events_topic": "events_topic",
+    "partitions": "events_partitions",
+    "dlq_topic": "dlq_topic",
+    "app_id": "app_id",
+    "table_name": "table",
+    "web_host": "web_host",
+    "web_port": "web_port",
+    "data_dir": "data_dir",
+    "batch_size": "batch_size",
+    "batch_within_s": "batch_within_s",
+    "profile_path": "profile",
+    "catch_up": "catch_up",
+    "decision_public_keys": "decision_public_keys",
+    "decision_leeway_s": "decision_leeway_s",
 }
-
-_INT_FIELDS = ("partitions", "web_port", "batch_size")
-_FLOAT_FIELDS = ("batch_within_s", "decision_leeway_s")
+#: Environment variable -> settings field. Every variable is optional.
+ENV_VARS: dict[str, str] = {env_var(setting): name for name, setting in SETTINGS.items()}
 
 
 @dataclass(frozen=True)
@@ -104,31 +106,23 @@ class WorkerSettings:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> WorkerSettings:
-        """Settings from ``PREFLIGHT_*`` variables (see `ENV_VARS`); `overrides` win over both.
+        """Settings from ``PREFLIGHT_*`` variables (see `SETTINGS`; default: the process environment), each
+        parsed by the deployment's settings model; a variable left unset keeps the default here.
+        `overrides` win over both.
 
         :raises SettingsError: naming the variable whose value is not usable.
         """
-        env = os.environ if environ is None else environ
+        try:
+            given = given_settings(environ, *SETTINGS.values())
+        except SettingValueError as exc:
+            raise SettingsError(str(exc)) from None
         values: dict[str, object] = {}
-        for var, name in ENV_VARS.items():
-            raw = env.get(var, "").strip()
-            if not raw:
-                continue
-            try:
-                if name in _INT_FIELDS:
-                    values[name] = int(raw)
-                elif name in _FLOAT_FIELDS:
-                    values[name] = float(raw)
-                elif name in ("data_dir", "profile_path"):
-                    values[name] = Path(raw)
-                elif name == "catch_up":
-                    values[name] = _flag(var, raw)
-                elif name == "decision_public_keys":
-                    values[name] = tuple(Path(part) for part in raw.split(os.pathsep) if part.strip())
-                else:
-                    values[name] = raw
-            except ValueError as exc:
-                raise SettingsError(f"{var}={raw!r} is not a number") from exc
+        for name, setting in SETTINGS.items():
+            if setting in given:
+                value = given[setting]
+                if name == "decision_public_keys":
+                    value = tuple(Path(part) for part in str(value).split(os.pathsep) if part.strip())
+                values[name] = value
         values.update(overrides)
         return cls(**values)  # type: ignore[arg-type]
 
@@ -145,12 +139,3 @@ class WorkerSettings:
             elif value is not None:
                 env[var] = str(value)
         return env
-
-
-def _flag(var: str, raw: str) -> bool:
-    lowered = raw.lower()
-    if lowered in ("1", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "false", "no", "off"):
-        return False
-    raise SettingsError(f"{var}={raw!r} is not a flag (use 1 or 0)")

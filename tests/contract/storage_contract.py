@@ -9,9 +9,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from preflight import ExecutionRecord, MemoryStorage, Preflight, create_preflight
+from preflight import scenario as sc
 from preflight.events import PreflightEvent, verify_run
 from preflight.ports import EventSink, Storage
-from tests.unit import scenario as sc
 
 ReadBack = Callable[[], Awaitable[Sequence[PreflightEvent]]]
 

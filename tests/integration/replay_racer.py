@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from preflight import DecisionVerifier, MemoryStorage, create_preflight, decode_event, rebuild_record
+from preflight import scenario as sc
 from preflight.adapters.replay_file import FileReplayStore
 from preflight.adapters.replay_postgres import PostgresReplayStore
 from preflight.ports import ReplayStore
 from preflight.replay import MemoryReplayStore
-from tests.unit import scenario as sc
 
 
 def _store(spec: str) -> ReplayStore:

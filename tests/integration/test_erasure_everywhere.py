@@ -59,6 +59,7 @@ from typer.testing import CliRunner, Result
 from infra.brokers import Broker, delete_topics
 from ledger.keys import generate_key
 from preflight import ExecutionRecord, FileKeyStore, Preflight, ValueErased, ValueProtector, create_preflight
+from preflight import scenario as sc
 from preflight.adapters.baseline import BaselineStorage
 from preflight.adapters.kafka import KafkaEventSink
 from preflight.events import digest
@@ -73,7 +74,6 @@ from preflight_audit.cli import app
 from projections import Projector, log_end_offsets
 from projections.dlq import default_dead_letter_topic
 from tests.integration.worker_harness import PHASE_TIMEOUT_S, WorkerRig
-from tests.unit import scenario as sc
 
 pytestmark = pytest.mark.integration
 

@@ -22,9 +22,9 @@ from ledger import SigningKey, digest_file
 from ledger.cli import EXIT_TAMPERED, main
 from ledger.verify import verify
 from preflight import MemoryStorage, Preflight, create_preflight
+from preflight import scenario as sc
 from preflight.adapters.kafka import KafkaEventSink
 from projections import Projector
-from tests.unit import scenario as sc
 
 pytestmark = pytest.mark.integration
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import multiprocessing
 import os
@@ -40,6 +41,7 @@ from aiokafka import AIOKafkaProducer
 import projections.projector as projector_module
 from infra.brokers import Broker
 from preflight import MemoryStorage, Preflight, PreflightEvent, create_preflight
+from preflight import scenario as sc
 from preflight.adapters.kafka import KafkaEventSink
 from preflight.events import encode_message, seal
 from preflight.hooks import Hook
@@ -61,7 +63,6 @@ from projections.decode import Incoming
 from projections.projector import DECODE_AHEAD_WHILE_WRITING, DecodeWorkerContext, _start_decode_worker
 from projections.rows import Plan, plan_batch, prepare_all, to_arrow
 from projections.store import EventIdConflict, append_batch, sql, write_batch
-from tests.unit import scenario as sc
 
 pytestmark = pytest.mark.integration
 
@@ -842,6 +843,24 @@ def _process_state(pid: int) -> str | None:
     return stat.rsplit(")", 1)[1].split()[0]
 
 
+def _signals_dealt_with(pid: int) -> None:
+    """Return once process `pid` has dealt with the signals sent to it before this call: a barrier, not a
+    pause. SIGSTOP is sent after them and the kernel handles a process's pending signals, lowest number
+    first, before it stops; so once the process shows as stopped (``T``), a SIGTERM or SIGINT left at its
+    default action has already ended it -- it would be gone or a zombie instead (one it ignores is
+    discarded when sent). Then SIGCONT. Bounded."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + PHASE_TIMEOUT_S
+    try:
+        while (state := _process_state(pid)) not in ("T", "Z", None):
+            assert time.monotonic() < deadline, f"process {pid} never stopped (state {state})"
+            time.sleep(0.01)  # polling interval of a bounded wait
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+    assert state == "T", f"process {pid} was ended by the signals sent to it (state {state})"
+
+
 class TestDecodeWorkers:
     """Decode workers run at the priority `decode_niceness` gives them, below the projector's writer, and
     project what the event loop alone does."""
@@ -879,14 +898,15 @@ class TestDecodeWorkers:
             pids = projector.decode_worker_pids
             assert len(pids) == 2
             deadline = time.monotonic() + PHASE_TIMEOUT_S
-            while not all(_ignores(pid, signal.SIGTERM) for pid in pids):  # started: one may be initializing still
-                assert time.monotonic() < deadline, "the workers never ignored SIGTERM"
+            stops = (signal.SIGTERM, signal.SIGINT)
+            while not all(_ignores(pid, s) for pid in pids for s in stops):  # started: one may be initializing still
+                assert time.monotonic() < deadline, "the workers never ignored SIGTERM and SIGINT"
                 await asyncio.sleep(0.05)  # polling interval of a bounded wait
             for pid in pids:
                 os.kill(pid, signal.SIGTERM)
                 os.kill(pid, signal.SIGINT)
+                await asyncio.to_thread(_signals_dealt_with, pid)
             await projector.run_until(ends, timeout_s=PHASE_TIMEOUT_S)
-            await asyncio.sleep(0.5)  # a worker the signals ended would be gone, or a zombie, by now
             assert all(_process_state(pid) not in (None, "Z") for pid in pids)
             assert projector.decode_worker_pids == pids
         assert "decode workers are gone" not in caplog.text
@@ -1006,6 +1026,18 @@ class TestDecodeWorkers:
             append_batch(*args, **kwargs)
 
         monkeypatch.setattr(projector_module, "append_batch", held_first)
+        # The barrier: before it hands the next batch over, the projector's loop waits for the write in
+        # flight -- until the test releases it, the held first one -- and fetches nothing meanwhile. Once
+        # it waits there, what it decodes ahead is all it ever will.
+        waiting_on_writer = threading.Event()
+        drain = Projector._drain
+
+        async def noting_the_wait(self: Projector) -> bool:
+            if self._pending is not None and not self._pending.done():
+                waiting_on_writer.set()
+            return await drain(self)
+
+        monkeypatch.setattr(Projector, "_drain", noting_the_wait)
         async with Projector(held, broker.bootstrap_servers, topic, batch_size=1, decode_workers=2) as projector:
             running = asyncio.ensure_future(projector.run_until(ends, timeout_s=PHASE_TIMEOUT_S))
             try:
@@ -1017,7 +1049,9 @@ class TestDecodeWorkers:
                     assert not running.done() and time.monotonic() < deadline, "it stopped decoding ahead"
                     await asyncio.sleep(0.02)  # polling interval of a bounded wait
                 assert projector.stats.batches == 0
-                await asyncio.sleep(0.5)  # a projector fetching beyond the bound would have by now
+                while not waiting_on_writer.is_set():  # it can fetch no more until the writer is released
+                    assert not running.done() and time.monotonic() < deadline, "it never waited on the writer"
+                    await asyncio.sleep(0.02)  # polling interval of a bounded wait
                 assert len(projector._decoding) == DECODE_AHEAD_WHILE_WRITING
             finally:
                 release.set()

@@ -22,11 +22,11 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from infra.brokers import Broker, delete_topics
 from preflight import MemoryStorage, create_preflight
+from preflight import scenario as sc
 from preflight.events import encode_message
 from projections import Projector, log_end_offsets, open_database, reset_offsets
 from projections.dlq import DEAD_LETTER_VERSION
 from tests.integration.test_projector import KEY, PHASE_TIMEOUT_S, ends_of, publish_raw, table
-from tests.unit import scenario as sc
 
 pytestmark = pytest.mark.integration
 

@@ -23,6 +23,7 @@ import pytest
 import queries
 from infra.brokers import Broker
 from preflight import DecisionSigner, MemoryStorage, PreflightEvent, create_preflight
+from preflight import scenario as sc
 from preflight.events import encode_message, seal
 from preflight.signing import format_time
 from projections import Projector, compare_projections, migrate, migrations, open_database, replay
@@ -33,7 +34,6 @@ from projections.signatures import DecisionTrust
 from projections.store import write_batch
 from tests.integration.test_projector import KEY, PHASE_TIMEOUT_S, ends_of, migrate_to, publish_raw, table
 from tests.integration.test_projector_dlq import dead_letter_records
-from tests.unit import scenario as sc
 
 pytestmark = pytest.mark.integration
 

@@ -22,13 +22,13 @@ from aiokafka import AIOKafkaConsumer
 
 from infra.brokers import Broker
 from preflight import ExecutionRecord, FileKeyStore, Preflight, ValueProtector, create_preflight, rebuild_record
+from preflight import scenario as sc
 from preflight.adapters.baseline import BaselineStorage
 from preflight.adapters.kafka import KafkaEventSink
 from preflight.events import decode_event, verify_run
 from preflight.hooks import Hook
 from preflight.protect import erase, is_sealed, subject_handle
 from tests.integration.worker_harness import PHASE_TIMEOUT_S, WorkerRig
-from tests.unit import scenario as sc
 
 pytestmark = pytest.mark.integration
 

@@ -26,12 +26,12 @@ import pytest
 import queries
 from infra.brokers import Broker, create_topics, delete_topics
 from preflight import MemoryStorage, create_preflight
+from preflight import scenario as sc
 from preflight.adapters.kafka import KafkaEventSink
 from preflight.events import encode_message, seal
 from projections import open_database
 from projections.dlq import default_dead_letter_topic
 from tests.integration.test_projector import READY, ends_of, project, publish_raw
-from tests.unit import scenario as sc
 
 pytestmark = pytest.mark.integration
 

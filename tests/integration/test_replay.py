@@ -19,9 +19,9 @@ import pytest
 
 from infra.postgres import PostgresServer
 from preflight import DecisionSigner, MemoryStorage, create_preflight, encode_event
+from preflight import scenario as sc
 from preflight.adapters.replay_postgres import PostgresReplayStore
 from tests.contract.replay_contract import MakeStore, ReplayStoreContract
-from tests.unit import scenario as sc
 
 pytestmark = pytest.mark.integration
 

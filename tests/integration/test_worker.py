@@ -23,6 +23,7 @@ import pytest
 
 from infra.brokers import Broker
 from preflight import ExecutionRecord, create_preflight
+from preflight import scenario as sc
 from preflight.adapters.baseline import BaselineStorage, BaselineUnavailable
 from preflight.adapters.kafka import KafkaEventSink
 from preflight.events import PreflightEvent, decode_event, encode_message, seal
@@ -31,7 +32,6 @@ from preflight.ports import Storage
 from streams.view import default_partition
 from tests.contract.storage_contract import StorageContract
 from tests.integration.worker_harness import Published, WorkerRig, decide_and_record, engine_runs
-from tests.unit import scenario as sc
 
 pytestmark = pytest.mark.integration
 

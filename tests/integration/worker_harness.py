@@ -24,12 +24,12 @@ from aiokafka.errors import InconsistentGroupProtocolError
 
 from infra.brokers import create_topics
 from preflight import ExecutionRecord, MemoryEventSink, MemoryStorage, create_preflight
+from preflight import scenario as sc
 from preflight.events import PreflightEvent, encode_message
 from preflight.hooks import Hook
 from streams.backfill import Backfill
 from streams.process import WorkerProcess
 from streams.settings import WorkerSettings
-from tests.unit import scenario as sc
 
 #: Bound on any one phase (publishing, consuming, a worker becoming ready or catching up).
 PHASE_TIMEOUT_S = 90.0

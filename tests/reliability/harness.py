@@ -39,6 +39,7 @@ from aiokafka.protocol.group import LeaveGroupRequest
 
 from infra.brokers import ENV_VAR
 from preflight import MemoryStorage, Preflight, PreflightEvent, RecordingError, create_preflight, decode_event
+from preflight import scenario as sc
 from preflight.adapters.kafka import KafkaEventSink
 from preflight.errors import ChainError, EventDecodeError
 from preflight.events import encode_event, encode_message, kafka_key, verify_run
@@ -47,7 +48,6 @@ from preflight.records import UNKEYED_RECORD_KEY
 from projections import Projector, ProjectorStats, compare_projections, log_end_offsets, replay
 from streams.view import totals as fold_totals
 from tests.integration.worker_harness import DECISION_OF, OUTCOME_HOOKS, OUTCOME_INPUT, WorkerRig
-from tests.unit import scenario as sc
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from preflight import MemoryEventSink, MemoryStorage, create_preflight
+from preflight import scenario as sc
 from preflight.events import content_hash, encode_event
 from tests.integration.worker_harness import DECISION_OF, OUTCOME_HOOKS, OUTCOME_INPUT
 from tests.reliability.harness import (
@@ -27,7 +28,6 @@ from tests.reliability.harness import (
     fold_archive,
     totals_differences,
 )
-from tests.unit import scenario as sc
 
 pytestmark = pytest.mark.reliability
 

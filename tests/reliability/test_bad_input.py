@@ -37,6 +37,7 @@ import pytest
 
 from infra.brokers import Broker
 from preflight import MemoryStorage, create_preflight
+from preflight import scenario as sc
 from preflight.events import GENESIS_HASH, content_hash, encode_message
 from projections.dlq import default_dead_letter_topic
 from tests.integration.worker_harness import WorkerRig
@@ -54,7 +55,6 @@ from tests.reliability.harness import (
     read_table,
     read_topic,
 )
-from tests.unit import scenario as sc
 
 pytestmark = [pytest.mark.integration, pytest.mark.reliability]
 

@@ -28,13 +28,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from preflight import MemoryStorage, create_preflight
+from preflight import scenario as sc
 from preflight.events import TAIL_EVENT_TYPES, content_hash, encode_message, kafka_key, verify_run
 from projections.decode import Incoming as ProjectorIncoming
 from projections.decode import Rejected, decode_incoming
 from streams.batch import Incoming as WorkerIncoming
 from streams.batch import Progress, fold_partition
 from tests.reliability.harness import Agents, Message, MessageSink, RunSource
-from tests.unit import scenario as sc
 
 pytestmark = pytest.mark.reliability
 

@@ -40,6 +40,7 @@ from aiokafka.errors import (
 from infra.brokers import create_topics
 from infra.kafka import ApacheKafkaBroker
 from preflight import MemoryStorage, create_preflight
+from preflight import scenario as sc
 from preflight.adapters.kafka import KafkaEventSink, PublishError
 from preflight.events import decode_message, encode_message
 from tests.reliability.harness import (
@@ -53,7 +54,6 @@ from tests.reliability.harness import (
     read_topic,
     report,
 )
-from tests.unit import scenario as sc
 
 pytestmark = [pytest.mark.integration, pytest.mark.reliability]
 

@@ -17,11 +17,11 @@ from jsonschema import Draft202012Validator
 
 from ledger.digest import ARCHIVE_COLUMNS as LEDGER_COLUMNS
 from preflight import DecisionSigner, MemoryStorage, ValueProtector, create_preflight
+from preflight import scenario as sc
 from preflight.contract import CONTRACT_FILE, event_schema, load, render
 from preflight.events import EVENT_TYPES, Envelope, encode_event
 from preflight.testing import MemoryKeyStore
 from projections.rows import ARCHIVE
-from tests.unit import scenario as sc
 from tests.unit.test_real_calls import PAY
 
 #: The envelope every event carries, from the models: its members and the event's type.

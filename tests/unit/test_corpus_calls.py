@@ -25,9 +25,9 @@ from hypothesis import strategies as st
 from jsonschema import validators
 
 from preflight import MemoryStorage, create_preflight
+from preflight import scenario as sc
 from preflight.arguments import ArgumentsError, plan_call
 from tests.mcp_corpus import CorpusTool, corpus_tools
-from tests.unit import scenario as sc
 
 TOOLS = corpus_tools()
 FORMATS = {

@@ -7,10 +7,10 @@ from typing import Any
 import pytest
 
 from preflight import UNKEYED_RECORD_KEY, MemoryStorage, create_preflight
+from preflight import scenario as sc
 from preflight.fingerprint import intent_fingerprint
 from preflight.inputs import Segment
-from tests.unit import scenario as sc
-from tests.unit.scenario import decide, dump, engine, field, hooks, transfer
+from preflight.scenario import decide, dump, engine, field, hooks, transfer
 
 
 def raises(message: str = "boom") -> Any:

@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 
 from preflight import ChainError, ExecutionRecord, decode_event, encode_event, rebuild_record, verify_run
+from preflight import scenario as sc
 from preflight.events import decode_message, encode_message
-from tests.unit import scenario as sc
-from tests.unit.scenario import decide, engine
+from preflight.scenario import decide, engine
 
 
 def types(record: ExecutionRecord) -> list[str]:

@@ -16,9 +16,9 @@ from preflight import (
     create_preflight,
     rebuild_record,
 )
+from preflight import scenario as sc
+from preflight.scenario import dump, hooks, transfer
 from preflight.testing import FailingEventSink
-from tests.unit import scenario as sc
-from tests.unit.scenario import dump, hooks, transfer
 
 READY = {"user_answers": {"to_account": "2200119"}}
 

@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from preflight import ExecutionRecord, encode_event
+from preflight import scenario as sc
 from preflight.fold import Folded, Position, baseline_record, evolve
-from tests.unit import scenario as sc
 
 KEY = "u_01:bank.transfer"
 

@@ -22,11 +22,24 @@ import pytest
 from preflight_audit.services import TERMINATED, interruptible
 
 
-def terminate_soon() -> subprocess.Popen[bytes]:
-    """SIGTERM this process from another one in 0.1 s, as a supervisor would: the kernel then delivers it
-    to the main thread while it runs (sent from a thread of this process, it lands elsewhere)."""
-    send = "import os, signal, sys, time; time.sleep(0.1); os.kill(int(sys.argv[1]), signal.SIGTERM)"
-    return subprocess.Popen([sys.executable, "-c", send, str(os.getpid())])
+class Supervisor:
+    """Another process that sends this one SIGTERM when told to, as a supervisor would (sent from a
+    thread of this process, the signal would land elsewhere than in the running task)."""
+
+    def __init__(self) -> None:
+        send = "import os, signal, sys; sys.stdin.readline(); os.kill(int(sys.argv[1]), signal.SIGTERM)"
+        self.process = subprocess.Popen([sys.executable, "-c", send, str(os.getpid())], stdin=subprocess.PIPE)
+
+    def terminate_me(self) -> None:
+        """Tell it to send the signal now (it arrives when the kernel delivers it: wait for `TERMINATED`)."""
+        assert self.process.stdin is not None
+        self.process.stdin.write(b"now\n")
+        self.process.stdin.close()
+
+    def wait(self) -> None:
+        if self.process.stdin is not None and not self.process.stdin.closed:
+            self.process.stdin.close()  # never told: it exits without a signal
+        self.process.wait(timeout=30)
 
 
 @pytest.fixture(autouse=True)
@@ -37,15 +50,22 @@ def fresh_flag() -> Iterator[None]:
 
 
 def test_in_an_event_loop_every_task_is_cancelled_and_none_fails() -> None:
+    """The signal lands inside a task's step, always: the task that asks for it runs Python bytecode,
+    without yielding to the loop, until the handler has run (`TERMINATED`), bounded by a deadline."""
     ended: dict[str, type[BaseException]] = {}
     problems: list[dict[str, Any]] = []
+    supervisor = Supervisor()
 
-    async def busy(name: str) -> None:
+    async def busy(name: str, *, signalled: bool = False) -> None:
         deadline = time.monotonic() + 30  # bounded: without the signal, the test fails
         try:
+            if signalled:
+                supervisor.terminate_me()
+                while not TERMINATED.is_set():  # inside this step: where the signal handler runs
+                    assert time.monotonic() < deadline, "the signal never arrived"
             while time.monotonic() < deadline:
                 await asyncio.sleep(0)
-                for _ in range(20_000):  # Python bytecode between awaits: where the signal handler runs
+                for _ in range(20_000):  # Python bytecode between awaits
                     pass
         except BaseException as exc:
             ended[name] = type(exc)
@@ -53,12 +73,11 @@ def test_in_an_event_loop_every_task_is_cancelled_and_none_fails() -> None:
 
     async def main() -> None:
         asyncio.get_running_loop().set_exception_handler(lambda loop, context: problems.append(context))
-        tasks = [asyncio.create_task(busy(f"task {i}")) for i in range(3)]
-        sender = terminate_soon()  # lands while a task runs, nearly always
+        tasks = [asyncio.create_task(busy(f"task {i}", signalled=i == 1)) for i in range(3)]
         try:
             await busy("main")
         finally:
-            sender.wait()
+            supervisor.wait()
         await asyncio.gather(*tasks)
 
     before = signal.getsignal(signal.SIGTERM)
@@ -71,10 +90,16 @@ def test_in_an_event_loop_every_task_is_cancelled_and_none_fails() -> None:
 
 
 def test_outside_an_event_loop_it_interrupts_at_once() -> None:
-    started = time.monotonic()
-    sender = terminate_soon()
-    with interruptible(), pytest.raises(KeyboardInterrupt, match="signal 15"):
+    """A blocking call is interrupted: without the signal, `time.sleep` would return and nothing raise."""
+    supervisor = Supervisor()
+
+    def block_until_signalled() -> None:
+        supervisor.terminate_me()
         time.sleep(30)
-    assert time.monotonic() - started < 30
-    sender.wait()
+
+    try:
+        with interruptible(), pytest.raises(KeyboardInterrupt, match="signal 15"):
+            block_until_signalled()
+    finally:
+        supervisor.wait()
     assert TERMINATED.is_set()

@@ -39,8 +39,8 @@ from ledger.digest import (
 )
 from ledger.keys import SigningKey
 from preflight import ChainError, PreflightEvent, verify_run
+from preflight import scenario as sc
 from preflight.events import encode_event
-from tests.unit import scenario as sc
 
 KEY = SigningKey.generate()
 KEYS = {KEY.key_id: KEY.verify_key}

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from preflight import MemoryStorage, create_preflight
 from preflight.lookup import SPAN_DOES_NOT_HOLD_VALUE
 from preflight.normalise import denotes, number_of, text_form, whole_token
-from tests.unit.scenario import hooks, transfer
+from preflight.scenario import hooks, transfer
 
 FORWARDED = [
     {"text": "send 500,000 won to my landlord", "trust": "user"},

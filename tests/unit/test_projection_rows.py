@@ -40,6 +40,7 @@ from preflight import (
     create_preflight,
     verify_run,
 )
+from preflight import scenario as sc
 from preflight.events import (
     EVENT_TYPES,
     SUPPORTED_EVENT_VERSIONS,
@@ -82,7 +83,6 @@ from projections.rows import (
 )
 from projections.rows import raw as raw_tuple
 from projections.store import write_batch
-from tests.unit import scenario as sc
 
 KEY = "u_01:bank.transfer"
 EVENT_MODELS: TypeAdapter[list[PreflightEvent]] = TypeAdapter(list[PreflightEvent])

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from preflight import DecisionSigner, DecisionVerifier, MemoryStorage, PreflightEvent, SigningKeyError, create_preflight
+from preflight import scenario as sc
 from preflight.events import encode_message, seal
 from preflight.signing import format_time
 from preflight_audit.services import decision_trust
@@ -41,7 +42,6 @@ from projections.signatures import (
     prepare_checked,
 )
 from streams import batch as fold_batch
-from tests.unit import scenario as sc
 
 READY = {"to_account": "2200119"}
 T0 = datetime(2026, 8, 11, 9, 12, tzinfo=UTC)

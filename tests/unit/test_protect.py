@@ -39,6 +39,7 @@ from preflight import (
     rebuild_record,
     verify_run,
 )
+from preflight import scenario as sc
 from preflight.events import canonical_json
 from preflight.hooks import Hook
 from preflight.ports import KeyStore
@@ -58,7 +59,6 @@ from preflight.protect import (
     subject_handle,
     token_of,
 )
-from tests.unit import scenario as sc
 from tests.unit.test_properties import Scenario, build_hooks, scenarios, seed_records
 
 RUN = "run-1"

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 
 from preflight import MemoryEventSink, MemoryStorage, create_preflight
+from preflight import scenario as sc
 from preflight.arguments import MAX_LEAVES
 from preflight.extract import proposal_extractor
 from preflight.hooks import Hook
-from tests.unit import scenario as sc
 
 EDIT_FILE: dict[str, Any] = {
     "name": "edit_file",

@@ -26,12 +26,12 @@ from preflight import (
     encode_event,
     rebuild_record,
 )
+from preflight import scenario as sc
 from preflight.admission import assess_tool_invocation
 from preflight.engine import gap_class_for
 from preflight.records import AdmissionGate
 from preflight.reversibility import UNVERSIONED, admission_outcome, tool_version
-from tests.unit import scenario as sc
-from tests.unit.scenario import dump, hooks, transfer
+from preflight.scenario import dump, hooks, transfer
 from tests.unit.test_fold import Log, wire
 
 READY = {"user_answers": {"to_account": "2200119"}}

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from preflight import scenario as sc
 from preflight.records import RECORD_SCHEMA_VERSION
-from tests.unit import scenario as sc
-from tests.unit.scenario import decide, dump, engine
+from preflight.scenario import decide, dump, engine
 
 SEED_TOOL_UNDETERMINED: dict[str, Any] = {
     "schema_version": "1.4",

@@ -37,10 +37,10 @@ from preflight import (
     rebuild_record,
     verify_run,
 )
+from preflight import scenario as sc
 from preflight.events import ExecutionApproved, PreflightEvent, content_hash, seal
+from preflight.scenario import dump, hooks, transfer
 from preflight.signing import PAYLOAD_DOMAIN, ReplayCache, format_time, key_id_of
-from tests.unit import scenario as sc
-from tests.unit.scenario import dump, hooks, transfer
 from tests.unit.test_fold import wire
 
 READY = {"user_answers": {"to_account": "2200119"}}

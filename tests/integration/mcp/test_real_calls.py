@@ -18,9 +18,9 @@ from mcp import ClientSession, StdioServerParameters
 from mcp.types import CallToolResult, TextContent, Tool
 
 from preflight import MemoryStorage, create_preflight
+from preflight import scenario as sc
 from preflight.extract import proposal_extractor
 from tests.mcp_servers import git, mcp_session
-from tests.unit import scenario as sc
 
 pytestmark = pytest.mark.integration
 
