@@ -37,6 +37,7 @@ from preflight.records import ExecutionRecord, RunRef
 from preflight.reversibility import AdmissionPolicy
 from preflight.signing import REPLAY_CACHE_LIMIT, DecisionSigner, DecisionVerifier, ReplayCache, SignedDecision
 from preflight.testing import MemoryEventSink
+from preflight.tracing import run_span
 
 CallTool = Callable[[str, dict[str, Any]], Any]
 RECENT_RUNS = 100_000
@@ -99,6 +100,12 @@ class Preflight:
 
         A protected engine raises `preflight.protect.KeyStoreError` when the key store cannot give the
         user's key: nothing is then recorded, as nothing could be sealed."""
+        with run_span(input) as span:  # preflight.tracing: a span per run, never a value in it
+            decided, state = await self._run(input)
+            span.record(state, gap_class=decided.trace.gap_class, gate=decided.trace.gate_name)
+        return state
+
+    async def _run(self, input: Any) -> tuple[Decided, ExecutionRecord]:
         decided = await self._decide(input)
         run_id = str(uuid.uuid4())
         user_id, agent_id = _ids(input)
@@ -127,7 +134,7 @@ class Preflight:
             )
         if sealer is not None:
             sealer.close()
-        return decided.record.with_run_ref(ref, tuple(events))
+        return decided, decided.record.with_run_ref(ref, tuple(events))
 
     async def _decide(self, raw: Any) -> Decided:
         try:
