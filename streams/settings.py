@@ -30,6 +30,7 @@ ENV_VARS: dict[str, str] = {
     "PREFLIGHT_CATCH_UP": "catch_up",
     "PREFLIGHT_DECISION_PUBLIC_KEYS": "decision_public_keys",
     "PREFLIGHT_DECISION_LEEWAY_S": "decision_leeway_s",
+    "PREFLIGHT_GROUP_INSTANCE_ID": "group_instance_id",
 }
 
 _INT_FIELDS = ("partitions", "web_port", "batch_size")
@@ -49,7 +50,9 @@ class WorkerSettings:
     `decision_public_keys` (PEM files; ``PREFLIGHT_DECISION_PUBLIC_KEYS`` separates them with the
     platform's path separator) makes the fold count an outcome only for a decision signed by one of
     them, with `decision_leeway_s` of clock skew; without keys, outcomes are checked against the
-    approved decision's id, tool and arguments digest, not its signature.
+    approved decision's id, tool and arguments digest, not its signature. `group_instance_id` is the
+    worker's static consumer-group membership (default: an id made on the first start and kept in
+    `data_dir`, see `streams.app.instance_id`): each worker of a group needs its own.
     """
 
     broker_url: str = "127.0.0.1:9092"
@@ -69,6 +72,7 @@ class WorkerSettings:
     catch_up: bool = True
     decision_public_keys: tuple[Path, ...] = ()
     decision_leeway_s: float = 0.0
+    group_instance_id: str | None = None
 
     def __post_init__(self) -> None:
         problems: list[str] = []
