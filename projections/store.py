@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -290,6 +291,14 @@ def load_offsets(con: duckdb.DuckDBPyConnection, projection: str, topic: str) ->
     except duckdb.Error as exc:
         raise DatabaseError(f"cannot read the stored offsets: {exc}") from exc
     return {int(partition): int(offset) for partition, offset in rows}
+
+
+def record_start(con: duckdb.DuckDBPyConnection, projection: str) -> int:
+    """Record that a projector of `projection` starts on this database (migration 007); how many starts
+    the projection has had, this one included."""
+    con.execute(sql("record_start"), {"projection": projection, "pid": os.getpid()})
+    row = con.execute(sql("count_starts"), {"projection": projection}).fetchone()
+    return int(row[0]) if row else 0
 
 
 def reset_offsets(con: duckdb.DuckDBPyConnection, projection: str, topic: str) -> None:

@@ -177,6 +177,9 @@ class Folder:
         self.re_read: Counter[int] = Counter()
         self.read_back: Counter[int] = Counter()
         self.resumed: dict[int, dict[str, int]] = {}
+        #: Each owned partition's stored offset (watermark) as restored, before catching up: where the
+        #: last assignment resumed.
+        self.restored: dict[int, int] = {}
         self.failed_batches = 0
         self.commit_failures = 0
         #: The next offsets this process committed to the consumer group, per partition.
@@ -265,6 +268,8 @@ class Folder:
             await self.restore_tail(owned)
         except Exception:
             log.exception("reading the changelog's tail failed: the fold catches up from the log instead")
+        self.restored = {p: self.progress(p).offset for p in sorted(owned)}
+        log.info("restored: folded up to %s", self.restored)
         self._catching_up = asyncio.create_task(self.catch_up(owned, self.generation), name="catch-up")
 
     async def restore_tail(self, partitions: Iterable[int]) -> None:
@@ -585,6 +590,7 @@ class Folder:
                 "re_read": {str(p): self.re_read[p] for p in partitions},
                 "read_back": {str(p): self.read_back[p] for p in partitions},
                 "resumed": {str(p): v for p, v in self.resumed.items()},
+                "restored": {str(p): v for p, v in self.restored.items()},
                 "failed_batches": self.failed_batches,
                 "commit_failures": self.commit_failures,
                 "rebalances": self.rebalances,

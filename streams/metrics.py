@@ -215,7 +215,7 @@ class WorkerCollector(Collector):
 
 def worker_registry(figures: Callable[[], WorkerFigures]) -> CollectorRegistry:
     """A registry of the worker's metrics and the process's standard ones (not the global registry)."""
-    registry = CollectorRegistry(auto_describe=True)
+    registry = CollectorRegistry(auto_describe=False)  # a scrape reads the worker: never at registration
     ProcessCollector(registry=registry)
     PlatformCollector(registry=registry)
     registry.register(WorkerCollector(figures))
