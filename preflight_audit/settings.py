@@ -79,6 +79,10 @@ class Settings(BaseSettings):
     api_port: int = Field(8000, ge=0, le=65535, description="its port (0: any free one)")
     web_host: str = Field("127.0.0.1", min_length=1, description="where the fold worker's HTTP view listens")
     web_port: int = Field(6066, ge=1, le=65535, description="its port")
+    projector_host: str = Field("127.0.0.1", min_length=1, description="where serve's projector answers /metrics")
+    projector_port: int = Field(
+        6067, ge=0, le=65535, description="its port for /healthz, /readyz and /metrics (0: none)"
+    )
     key_dir: Path = Field(Path("var/keys"), description="the per-user keys field values are sealed with")
     decision_key: Path | None = Field(
         None, description="the Ed25519 private key (PEM) signing execute decisions; default <data_dir>/decision.key"
@@ -114,7 +118,7 @@ class Settings(BaseSettings):
         except BrokerConfigError as exc:
             raise ValueError(str(exc).split(": ", 1)[-1]) from None
 
-    @field_validator("events_topic", "dlq_topic", "app_id", "projection", "api_host", "web_host")
+    @field_validator("events_topic", "dlq_topic", "app_id", "projection", "api_host", "web_host", "projector_host")
     @classmethod
     def _not_blank(cls, value: str) -> str:
         if not value.strip():
