@@ -4,15 +4,19 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv native native-test test test-kafka lint typecheck unit bench demo clean
+.PHONY: venv native mcp-servers native-test services test test-kafka lint typecheck unit bench demo clean
 
+# Real MCP servers from npm that the tests start (the PyPI ones come with the dev extra): installed from the
+# lockfile into tests/servers/node_modules (git-ignored), pinned.
+NODE_SERVERS := tests/servers
 NATIVE_SOURCES := native/Cargo.toml native/Cargo.lock native/pyproject.toml native/src/lib.rs native/preflight_audit_native.pyi
 
-$(STAMP): pyproject.toml $(NATIVE_SOURCES)
+$(STAMP): pyproject.toml $(NATIVE_SOURCES) $(NODE_SERVERS)/package-lock.json
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	$(MAKE) --no-print-directory native
+	$(MAKE) --no-print-directory mcp-servers
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -37,18 +41,36 @@ unit: $(STAMP)
 	$(BIN)/pytest -q tests/unit tests/contract
 
 # The compiled check's own tests (Rust), where there is a Rust toolchain.
+mcp-servers:
+	@if command -v npm >/dev/null 2>&1; then \
+		npm ci --prefix $(NODE_SERVERS) --no-audit --no-fund --loglevel=error; \
+	else \
+		echo "no node/npm: the tests against the npm filesystem MCP server are skipped" >&2; \
+	fi
+
 native-test: $(STAMP)
 	@if command -v cargo >/dev/null 2>&1; then \
 		cargo fmt --check --manifest-path native/Cargo.toml && \
 		PYO3_PYTHON=$(abspath $(BIN))/python cargo test --quiet --release --manifest-path native/Cargo.toml; \
 	fi
 
+# System packages the tests start for real: a PostgreSQL server (the replay store engines on several hosts
+# share, `preflight.adapters.replay_postgres`). Installed from Debian's packages when missing (as root).
+services:
+	@if ! ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1; then \
+		if [ "$$(id -u)" = 0 ]; then \
+			apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql; \
+		else \
+			echo "no PostgreSQL server: install Debian's postgresql package (as root: make services)" >&2; exit 1; \
+		fi; \
+	fi
+
 # The whole suite: lint, types, then every test (unit, contract, integration on the selected broker).
-test: lint typecheck native-test
+test: lint typecheck native-test services
 	$(BIN)/pytest -q; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 # The integration suite again, on an Apache Kafka broker assembled from Maven Central (CI tier).
-test-kafka: $(STAMP)
+test-kafka: $(STAMP) services
 	PREFLIGHT_BROKER=kafka $(BIN)/pytest -q -m integration; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 # The whole system once on this machine: broker, worker, projector, agent sessions, the audit (see README).
@@ -68,6 +90,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/freshness.py
 	$(BIN)/python bench/archive_queries.py
 	$(BIN)/python bench/verify.py
+	$(BIN)/python bench/gateway_latency.py
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache build *.egg-info native/target
+	rm -rf $(VENV) $(NODE_SERVERS)/node_modules .mypy_cache .ruff_cache .pytest_cache build *.egg-info native/target

@@ -97,8 +97,10 @@ def _hooks(path: str) -> dict[str, Any]:
         return "scheduled" if path == "deferred" else "immediate"
 
     def extract(field: str, instruction: Any) -> dict[str, Any] | None:
-        if field in ("amount", "title", "subject"):
-            return {"value": 500000 if field == "amount" else "quarterly review", "segment_index": 0, "span": [5, 12]}
+        if field == "amount":
+            return {"value": 500000, "segment_index": 0, "span": [5, 12]}
+        if field in ("title", "subject"):  # "landlord", where the user wrote it
+            return {"value": "landlord", "segment_index": 0, "span": [23, 31]}
         return None
 
     def measure(field: str, ctx: Any) -> dict[str, Any] | None:

@@ -25,17 +25,20 @@ from typing import Any, Literal
 from pydantic import ValidationError
 
 from preflight.admission import ContractInput
+from preflight.arguments import call_arguments
 from preflight.emit import Sign, outcome_event, rebuild_record, run_events
-from preflight.engine import Decided, backstop, decide, invalid_input, started_summary, validate_tool
+from preflight.engine import Decided, backstop, decide, execution_refused, invalid_input, started_summary, validate_tool
 from preflight.errors import ChainError, ConstructionError, RecordingError
 from preflight.events import Envelope, ExecutionApproved, PreflightEvent, digest, verify_run
 from preflight.hooks import ALL_HOOKS, DEFAULT_HOOKS, REQUIRED_HOOKS, UNSAFE_DEFAULT_HOOKS, Hook, call
 from preflight.inputs import PreflightInput
-from preflight.ports import EventSink, Storage
+from preflight.ports import EventSink, ReplayStore, Storage
 from preflight.protect import ProtectionError, RunSealer, ValueProtector, baseline_view
-from preflight.records import ExecutionRecord, RunRef
+from preflight.records import ExecutionRecord, ExecutionRefusalCode, RunRef
+from preflight.replay import DecisionClaim, MemoryReplayStore
+from preflight.results import output_check, structured_content, tool_error
 from preflight.reversibility import AdmissionPolicy
-from preflight.signing import REPLAY_CACHE_LIMIT, DecisionSigner, DecisionVerifier, ReplayCache, SignedDecision
+from preflight.signing import REPLAY_CACHE_LIMIT, DecisionSigner, DecisionVerifier, SignedDecision
 from preflight.testing import MemoryEventSink
 from preflight.tracing import run_span
 
@@ -51,13 +54,28 @@ def utc_now() -> str:
 
 @dataclass(frozen=True)
 class ExecutionOutcome:
-    """What `execute_if_ready` did. `held` means nothing was called."""
+    """What `execute_if_ready` did. `held` means nothing was called.
+
+    `state` is the record of the call (`executed` / `failed`), or for `held` the state given. A held
+    `execute` decision is recorded as a run of its own (`refusal`: a `hold` whose gate is an
+    `ExecutionGate` naming the decision and the `code` of the refusal); `code` is that code.
+    """
 
     status: Literal["executed", "failed", "held"]
     state: ExecutionRecord
     result: Any = None
     error: BaseException | None = None
     reason: str = ""
+    code: str | None = None
+    refusal: ExecutionRecord | None = None
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why a state must not be executed: a code (`preflight.records.ExecutionRefusalCode`) and words."""
+
+    code: ExecutionRefusalCode
+    reason: str
 
 
 class Preflight:
@@ -74,7 +92,7 @@ class Preflight:
         admission: AdmissionPolicy | None = None,
         signer: DecisionSigner | None = None,
         verifier: DecisionVerifier | None = None,
-        replay_cache_size: int = REPLAY_CACHE_LIMIT,
+        replay_store: ReplayStore | None = None,
         protector: ValueProtector | None = None,
     ) -> None:
         self._hooks = dict(hooks)
@@ -86,8 +104,11 @@ class Preflight:
         self._signer = signer
         self._verifier = verifier
         self._protector = protector
-        # The nonces of signed decisions acted on (bounded; see `preflight.signing.ReplayCache`).
-        self._replay = ReplayCache(replay_cache_size)
+        # Where signed decisions are claimed before their call (`preflight.replay`); its reach is the
+        # reach of "executes at most once".
+        self.replay_store: ReplayStore = replay_store if replay_store is not None else MemoryReplayStore()
+        #: This engine object's name in the claims it makes.
+        self.engine_id = f"engine-{uuid.uuid4().hex[:12]}"
         # Bounded memory: recent recorded runs (for idempotent re-recording) and the `execute`
         # decisions not yet acted on, each with the digest of the record as it was recorded.
         self._recorded: BoundedSet = BoundedSet(RECENT_RUNS)
@@ -101,15 +122,27 @@ class Preflight:
         A protected engine raises `preflight.protect.KeyStoreError` when the key store cannot give the
         user's key: nothing is then recorded, as nothing could be sealed."""
         with run_span(input) as span:  # preflight.tracing: a span per run, never a value in it
-            decided, state = await self._run(input)
+            user_id, agent_id = _ids(input)
+            run_id = str(uuid.uuid4())
+            sealer = self._sealer(user_id, run_id)  # before deciding: the action key is its pseudonym
+            decided = await self._decide(input, sealer.pseudonym if sealer is not None else None)
+            state = self._emit(decided, user_id, agent_id, run_id=run_id, sealer=sealer)
             span.record(state, gap_class=decided.trace.gap_class, gate=decided.trace.gate_name)
         return state
 
-    async def _run(self, input: Any) -> tuple[Decided, ExecutionRecord]:
-        decided = await self._decide(input)
-        run_id = str(uuid.uuid4())
-        user_id, agent_id = _ids(input)
-        sealer = self._sealer(user_id, run_id)
+    def _emit(
+        self,
+        decided: Decided,
+        user_id: str | None,
+        agent_id: str | None,
+        *,
+        run_id: str | None = None,
+        sealer: RunSealer | None = None,
+    ) -> ExecutionRecord:
+        """The decided run's record, carrying its events (sealed and signed as this engine does)."""
+        if run_id is None:
+            run_id = str(uuid.uuid4())
+            sealer = self._sealer(user_id, run_id)
         try:
             events, ref = run_events(
                 decided,
@@ -134,15 +167,15 @@ class Preflight:
             )
         if sealer is not None:
             sealer.close()
-        return decided, decided.record.with_run_ref(ref, tuple(events))
+        return decided.record.with_run_ref(ref, tuple(events))
 
-    async def _decide(self, raw: Any) -> Decided:
+    async def _decide(self, raw: Any, pseudonym: Callable[[str], str] | None = None) -> Decided:
         try:
             inp = raw if isinstance(raw, PreflightInput) else PreflightInput.model_validate(raw)
         except ValidationError as exc:
             return invalid_input(raw, exc, self._clock())
         try:
-            return await decide(self._hooks, inp, self._clock, self._load_baseline, self._admission)
+            return await decide(self._hooks, inp, self._clock, self._load_baseline, self._admission, pseudonym)
         except Exception as exc:
             checklist = inp.user_checklist if isinstance(inp.user_checklist, list) else []
             return backstop(exc, checklist, self._clock(), started_summary(None, inp))
@@ -169,7 +202,7 @@ class Preflight:
     def _arguments_digest(self, state: ExecutionRecord, reference: str) -> str | None:
         """The arguments digest a decision over `state` carries: keyed, under the key `reference` names,
         in a protected engine (None when that key is gone: the decision cannot be checked)."""
-        arguments = {f.name: f.value for f in state.fields or ()}
+        arguments = call_arguments({f.name: f.value for f in state.fields or ()})
         if self._protector is None:
             return digest(arguments)
         return self._protector.digest_like(reference, arguments)
@@ -225,22 +258,25 @@ class Preflight:
         """
         refusal, signed = self._refusal(state, tool)
         if refusal is None and signed is not None:
-            refusal = self._replay.consume(signed)  # before the call: a second use is a replay
+            refusal = await self._claim(signed)  # before the call: a second use is a replay
         if refusal is not None:
-            return ExecutionOutcome(status="held", state=state, reason=refusal)
+            return await self._held(state, tool, refusal)
         ref = state.run_ref
         assert ref is not None and state.fields is not None and state.fixed is not None
         # A protected engine takes the user's key before the call: a key store that fails calls nothing.
         sealer = self._sealer(state.run_events[0].user_id, ref.run_id)
         self._executable.pop(ref.run_id, None)  # consumed before the call: a second call is a replay
 
-        arguments = {f.name: f.value for f in state.fields}
+        arguments = call_arguments({f.name: f.value for f in state.fields})
         result: Any = None
         error: BaseException | None = None
         try:
             result = await call(call_tool, state.fixed.c3_provider_action_name, dict(arguments))
         except Exception as exc:
             error = exc
+        else:
+            error = tool_error(result)  # an MCP error result is a failed call, never an execution
+        checked = None if error is not None else output_check(structured_content(result), _output_schema(tool))
         suffix = "call succeeded" if error is None else f"call failed: {type(error).__name__}: {error}"
         final = state.model_copy(
             update={
@@ -262,6 +298,7 @@ class Preflight:
             clock=self._clock,
             new_id=_new_id,
             sealer=sealer,
+            checked=checked,
         )
         if sealer is not None:
             sealer.close()
@@ -284,6 +321,49 @@ class Preflight:
                 outcome,
             ) from exc
         return outcome
+
+    async def _claim(self, signed: SignedDecision) -> Refusal | None:
+        """Claim the decision in the replay store; a refusal if it is not this engine's to act on."""
+        try:
+            refused = await self.replay_store.claim(DecisionClaim.of(signed, self.engine_id))
+        except Exception as exc:
+            text = f"{type(exc).__name__}: {exc}"
+            return Refusal("replay_store_unavailable", f"the replay store cannot vouch for this decision: {text}")
+        return Refusal("decision_replayed", refused) if refused is not None else None
+
+    async def _held(self, state: Any, tool: Any, refusal: Refusal) -> ExecutionOutcome:
+        """The outcome of a refused call; an `execute` decision's refusal is recorded as a run of its own.
+
+        Raises `RecordingError` (its `outcome` the held one: nothing was called) if that run cannot be
+        made durable."""
+        outcome = ExecutionOutcome(status="held", state=state, reason=refusal.reason, code=refusal.code)
+        if not isinstance(state, ExecutionRecord) or state.execution_decision != "execute":
+            return outcome  # nothing was decided for execution: the run's own record says what it decided
+        try:
+            tool_name: str | None = validate_tool(tool).name
+        except (ValidationError, TypeError):
+            tool_name = None
+        first = state.run_events[0] if state.run_events else None
+        user_id = getattr(first, "user_id", None) if isinstance(getattr(first, "user_id", None), str) else None
+        agent_id = getattr(first, "agent_id", None) if isinstance(getattr(first, "agent_id", None), str) else None
+        ref = state.run_ref
+        decided = execution_refused(
+            action_key=state.action_key,
+            tool_name=tool_name,
+            code=refusal.code,
+            reason=refusal.reason,
+            decision_id=ref.decision_id if ref is not None else None,
+            decided_run_id=ref.run_id if ref is not None else None,
+            now=self._clock(),
+        )
+        record = self._emit(decided, user_id, agent_id)
+        try:
+            await self.record(record)
+        except RecordingError as exc:
+            raise RecordingError(
+                f"an execution was refused (nothing was called) but not recorded: {exc}", outcome
+            ) from exc
+        return ExecutionOutcome(status="held", state=state, reason=refusal.reason, code=refusal.code, refusal=record)
 
     def _signing(self) -> Sign | None:
         """How this engine signs its `execute` decisions (None: it does not)."""
@@ -308,24 +388,26 @@ class Preflight:
 
         return sign
 
-    def _refusal(self, state: Any, tool: Any) -> tuple[str | None, SignedDecision | None]:
+    def _refusal(self, state: Any, tool: Any) -> tuple[Refusal | None, SignedDecision | None]:
         """Why `state` must not be executed with `tool` (None if it may), and its signed decision."""
         if not isinstance(state, ExecutionRecord):
-            return "not an execution record", None
+            return Refusal("not_execute", "not an execution record"), None
         if state.execution_decision != "execute":
-            return f"decision is {state.execution_decision}, not execute", None
+            return Refusal("not_execute", f"decision is {state.execution_decision}, not execute"), None
         ref = state.run_ref
         if ref is None or not state.run_events or state.fields is None or state.fixed is None:
-            return "this state was not recorded by this preflight", None
+            return Refusal("state_unrecorded", "this state was not recorded by this preflight"), None
         own = ref.run_id in self._recorded
         if own:
             recorded_digest = self._executable.get(ref.run_id)
             if recorded_digest is None:
-                return "this decision was already acted on (or is no longer pending)", None
+                return Refusal(
+                    "decision_replayed", "this decision was already acted on (or is no longer pending)"
+                ), None
             if _record_digest(state) != recorded_digest:
-                return "this state differs from the decision that was recorded", None
+                return Refusal("state_altered", "this state differs from the decision that was recorded"), None
         elif self._verifier is None:
-            return "this state was not recorded by this preflight", None
+            return Refusal("state_unrecorded", "this state was not recorded by this preflight"), None
         else:
             problem = _foreign_state_problem(state, ref, self._protector)
             if problem is not None:
@@ -333,31 +415,32 @@ class Preflight:
         try:
             name = validate_tool(tool).name
         except (ValidationError, TypeError):
-            return "the tool given is not a valid tool definition", None
+            return Refusal("tool_mismatch", "the tool given is not a valid tool definition"), None
         judged = state.fixed.c3_provider_action_name
         if name != judged:
-            return f"the tool given ({name}) is not the one judged ({judged})", None
+            return Refusal("tool_mismatch", f"the tool given ({name}) is not the one judged ({judged})"), None
         if self._verifier is None:
             return None, None
         return self._signature_refusal(state, ref, unsigned_ok=own and self._signer is None)
 
     def _signature_refusal(
         self, state: ExecutionRecord, ref: RunRef, *, unsigned_ok: bool
-    ) -> tuple[str | None, SignedDecision | None]:
+    ) -> tuple[Refusal | None, SignedDecision | None]:
         """The signed decision's checks: trusted key, untouched payload, not expired, matching this
-        state's run, key, tool and arguments, and a nonce never acted on."""
+        state's run, key, tool and arguments (its nonce is claimed after these, `_claim`)."""
         assert self._verifier is not None and state.fields is not None and state.fixed is not None
         approved = [e for e in state.run_events if isinstance(e, ExecutionApproved)]
         if len(approved) != 1:
-            return "the decision's events do not hold exactly one execution_approved event", None
+            reason = "the decision's events do not hold exactly one execution_approved event"
+            return Refusal("state_altered", reason), None
         if approved[0].signature is None and unsigned_ok:
             return None, None  # this engine's own unsigned decision, checked by its record digest
         signed = SignedDecision.from_approved(approved[0])
         if signed is None:
-            return "the decision carries no signature: it cannot be verified", None
+            return Refusal("decision_unverified", "the decision carries no signature: it cannot be verified"), None
         problem = self._verifier.check(signed)
         if problem is not None:
-            return f"the signed decision is refused: {problem}", None
+            return Refusal("decision_unverified", f"the signed decision is refused: {problem}"), None
         expected = {
             "decision_id": ref.decision_id,
             "run_id": ref.run_id,
@@ -367,37 +450,43 @@ class Preflight:
         }
         for name, value in expected.items():
             if getattr(signed, name) != value:
-                return f"the signed decision is refused: its {name} is not this state's", None
-        replayed = self._replay.refusal(signed)
-        if replayed is not None:
-            return replayed, None
+                return Refusal("state_altered", f"the signed decision is refused: its {name} is not this state's"), None
         return None, signed
+
+
+def _output_schema(tool: Any) -> dict[str, Any] | None:
+    try:
+        return validate_tool(tool).output_schema_json
+    except (ValidationError, TypeError):
+        return None
 
 
 def _record_digest(state: ExecutionRecord) -> str:
     return digest(state.model_dump(mode="json"))
 
 
-def _foreign_state_problem(state: ExecutionRecord, ref: RunRef, protector: ValueProtector | None = None) -> str | None:
+def _foreign_state_problem(
+    state: ExecutionRecord, ref: RunRef, protector: ValueProtector | None = None
+) -> Refusal | None:
     """Why a state this engine did not record is not the decision its own events describe (or None).
 
     Its events must form an intact, closed run without an outcome, and rebuild exactly to the state
     and its run reference; the signature over the decision is checked after this."""
     events = list(state.run_events)
     if not all(isinstance(e, Envelope) for e in events):
-        return "this state does not carry its run's events"
+        return Refusal("state_altered", "this state does not carry its run's events")
     try:
         verify_run(events)
     except ChainError as exc:
-        return f"the decision's events do not verify: {exc}"
+        return Refusal("state_altered", f"the decision's events do not verify: {exc}")
     if getattr(events[-1], "event_type", None) != "run_closed":
-        return "this decision was already acted on (its run has an outcome)"
+        return Refusal("decision_replayed", "this decision was already acted on (its run has an outcome)")
     try:
         rebuilt = rebuild_record(events, verify=False, opener=protector)  # opened: the state is plaintext
     except (ChainError, ProtectionError, ValueError, KeyError, IndexError, TypeError) as exc:
-        return f"the decision's events do not describe a record: {type(exc).__name__}"
+        return Refusal("state_altered", f"the decision's events do not describe a record: {type(exc).__name__}")
     if rebuilt.model_dump(mode="json") != state.model_dump(mode="json") or rebuilt.run_ref != ref:
-        return "this state differs from the decision its events record"
+        return Refusal("state_altered", "this state differs from the decision its events record")
     return None
 
 
@@ -454,6 +543,7 @@ def create_preflight(
     signer: DecisionSigner | None = None,
     verifier: DecisionVerifier | None = None,
     replay_cache_size: int = REPLAY_CACHE_LIMIT,
+    replay_store: ReplayStore | None = None,
     protector: ValueProtector | None = None,
 ) -> Preflight:
     """Build a preflight engine, refusing wiring it cannot trust (raises `ConstructionError`).
@@ -473,7 +563,11 @@ def create_preflight(
     Signed decisions (SPEC §3; `preflight.signing`): with a `signer` every `execute` decision is
     signed and `execute_if_ready` checks the signature; `verifier` (default: one trusting the
     signer's key) also admits decisions signed by a trusted key in another process. Nonces acted on
-    are remembered up to `replay_cache_size`.
+    are claimed in `replay_store` before the call (`preflight.replay`): by default in this engine's memory,
+    up to `replay_cache_size` of them, so "at most once" holds within this engine object; engines that
+    must not act twice on one decision across processes, restarts or hosts share a durable store
+    (`preflight.adapters.replay_file.FileReplayStore`, `preflight.adapters.replay_postgres.PostgresReplayStore`).
+    A refused `execute` decision is recorded as a run of its own (a `hold` with an `ExecutionGate`).
 
     Protected values (SPEC §3; `preflight.protect`): with a `protector` every value a run writes into
     its events is sealed for the run's user before the event is hashed, digests of values are keyed,
@@ -518,6 +612,10 @@ def create_preflight(
         )
     if isinstance(replay_cache_size, bool) or not isinstance(replay_cache_size, int) or replay_cache_size < 1:
         raise ConstructionError("replay_cache_size must be a positive int")
+    if replay_store is not None and not callable(getattr(replay_store, "claim", None)):
+        raise ConstructionError("replay_store must have an async claim(claim)")
+    if replay_store is not None and replay_cache_size != REPLAY_CACHE_LIMIT:
+        raise ConstructionError("replay_cache_size sizes the default in-memory store: give it or a replay_store")
     if protector is not None and not isinstance(protector, ValueProtector):
         raise ConstructionError("protector must be a preflight.protect.ValueProtector")
     return Preflight(
@@ -529,7 +627,7 @@ def create_preflight(
         admission=admission,
         signer=signer,
         verifier=verifier,
-        replay_cache_size=replay_cache_size,
+        replay_store=replay_store if replay_store is not None else MemoryReplayStore(replay_cache_size),
         protector=protector,
     )
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from preflight.arguments import call_arguments
 from preflight.engine import Decided
 from preflight.errors import ChainError
 from preflight.events import (
@@ -33,6 +34,7 @@ from preflight.events import (
 )
 from preflight.protect import RunSealer, ValueProtector, open_record
 from preflight.records import ExecutionRecord, RunRef
+from preflight.results import as_json, structured_content
 
 Sign = Callable[[Mapping[str, str | None]], Mapping[str, Any]]
 """Signs an `execute` decision: given its decision_id, run_id, action_key, tool_name and
@@ -99,7 +101,7 @@ def run_events(
     chain = _Chain(run_id, {"action_key": record.action_key, "user_id": user_id, "agent_id": agent_id}, clock, new_id)
     chain.sealer = sealer
     if sealer is not None and record.fields is not None:
-        sealer.arguments_digest = sealer.digest({f.name: f.value for f in record.fields})
+        sealer.arguments_digest = sealer.digest(call_arguments({f.name: f.value for f in record.fields}))
     from preflight.records import RECORD_SCHEMA_VERSION
 
     chain.add("run_started", record_schema_version=RECORD_SCHEMA_VERSION, **trace.started)
@@ -200,8 +202,10 @@ def outcome_event(
     clock: Callable[[], str],
     new_id: Callable[[], str],
     sealer: RunSealer | None = None,
+    checked: str | None = None,
 ) -> PreflightEvent:
-    """The `executed` / `execution_failed` event that extends a closed run's chain (sealed by `sealer`)."""
+    """The `executed` / `execution_failed` event that extends a closed run's chain (sealed by `sealer`);
+    `checked` is the result's structured content checked against the tool's output schema."""
     assert ref.decision_id is not None and ref.arguments_digest is not None and state.fixed is not None
     body: dict[str, Any] = {
         "event_id": new_id(),
@@ -220,6 +224,11 @@ def outcome_event(
     }
     if error is None:
         body.update(event_type="executed", result_digest=_result_digest(result, sealer))
+        content = structured_content(result)
+        if content is not None:
+            body["structured_content_digest"] = _result_digest(content, sealer)
+        if checked is not None:
+            body["output_check"] = checked
     else:
         body.update(event_type="execution_failed", error_type=type(error).__name__, error=str(error))
     if sealer is not None:
@@ -230,7 +239,7 @@ def outcome_event(
 def _result_digest(result: Any, sealer: RunSealer | None = None) -> str:
     keyed = digest if sealer is None else sealer.digest
     try:
-        return keyed(result)
+        return keyed(as_json(result))
     except (TypeError, ValueError):
         return keyed(repr(result))
 

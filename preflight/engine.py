@@ -7,26 +7,31 @@ baseline reader it is handed. Turning the trace into events is `preflight.emit`'
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from pydantic import ValidationError
 
+from preflight.arguments import ArgumentsError, CallPlan, Leaf, call_arguments, plan_call, pointer_of, proposal_status
 from preflight.events import GapClass, GateName, digest
 from preflight.fingerprint import intent_fingerprint
 from preflight.hooks import MISSING, Hook, LookupContext, call, read
 from preflight.inputs import PreflightInput, Tool, attempt_number
-from preflight.lookup import BaselineReader, Resolved, settle_field
+from preflight.lookup import BaselineReader, Resolved, demote, settle_field
 from preflight.records import (
     WHEN_CASES,
     AdmissionVerdict,
     C3Match,
     DefinitionGate,
+    ExecutionGate,
     ExecutionRecord,
+    ExecutionRefusalCode,
     FieldRecord,
     Fixed,
     IntentGate,
+    ProposalGate,
     ToolGate,
     UnknownFieldEntry,
     UnverifiedItemEntry,
@@ -48,6 +53,7 @@ MSG_INTENT_EXHAUSTED = "I still cannot tell what you want done. Let us settle it
 MSG_DEFINITION_INCOMPLETE = (
     "This action cannot be checked right now because its definition is incomplete. Nothing was done."
 )
+MSG_PROPOSAL_REJECTED = "The arguments proposed for this action do not fit it. Nothing was done."
 
 Clock = Callable[[], str]
 
@@ -119,6 +125,48 @@ def _hold_without_gate(
         timestamp=now,
     )
     return Decided(record, Trace(started=started, gate_name=gate_name, gap_class=gap))
+
+
+MSG_EXECUTION_REFUSED = "This action was not carried out: its approval cannot be used again here. Nothing was done."
+
+
+def execution_refused(
+    *,
+    action_key: str | None,
+    tool_name: str | None,
+    code: ExecutionRefusalCode,
+    reason: str,
+    decision_id: str | None,
+    decided_run_id: str | None,
+    now: str,
+) -> Decided:
+    """The run that records a refused call of an `execute` decision (`execute_if_ready`): a `hold` under the
+    decision's action key whose gate names the decision and the refusal. An unmet condition: no question
+    to the user makes a spent, altered or unverifiable decision usable."""
+    gate = ExecutionGate(
+        kind="execution_refused",
+        code=code,
+        user_message=MSG_EXECUTION_REFUSED,
+        decision_id=decision_id,
+        decided_run_id=decided_run_id,
+        _diag={"reason": reason},
+    )
+    record = ExecutionRecord(
+        action_key=action_key,
+        phase=None,
+        fixed=None,
+        fields=None,
+        advisory_notes="",
+        user_checklist=[],
+        unknown_count=None,
+        unverified_checklist_count=None,
+        gate=gate,
+        execution_decision="hold",
+        reason=f"hold: execution refused ({code}): {reason}",
+        timestamp=now,
+    )
+    started = {**started_summary(None, None), "tool_name": tool_name}
+    return Decided(record, Trace(started=started, gate_name="execution", gap_class="unmet_condition"))
 
 
 def _json_list(raw: Any) -> list[Any]:
@@ -289,7 +337,7 @@ def _undecided(
     phase: Literal["at_instruction", "at_trigger"] | None,
     fixed: Fixed,
     checklist: list[Any],
-    gate: IntentGate | ToolGate | DefinitionGate,
+    gate: IntentGate | ToolGate | DefinitionGate | ProposalGate,
     decision: Literal["ask_user", "hold"],
     reason: str,
     now: str,
@@ -318,313 +366,461 @@ async def decide(
     clock: Clock,
     load_baseline: Callable[[str], Any],
     admission: AdmissionPolicy | None = None,
+    pseudonym: Callable[[str], str] | None = None,
 ) -> Decided:
-    """Steps 0–9 of the decision path. Hooks are guarded where the spec says a failure downgrades;
-    anything else that raises is caught by the caller's backstop.
+    """Steps 0–9 of the decision path (SPEC §2.3), top to bottom, the first early exit winning. Hooks are
+    guarded where the spec says a failure downgrades; anything else that raises is caught by the caller's
+    backstop (step 10).
 
     With an `admission` policy (an engine built with `require_approval=True`), a run the tally would
     execute is first judged for admission (step 9b, SPEC §4) and executes only if it is `allowed`.
+    With `pseudonym` (a protected engine's), the action key the run uses and publishes is the keyed
+    pseudonym of the one `build_action_key` returns, and the readable one goes into the trace.
     """
-    started = started_summary(None, inp)
-    checklist_raw = inp.user_checklist
+    run = _Run(hooks, inp, clock, load_baseline, admission, pseudonym)
+    return (
+        run.check_checklist_ids()
+        or await run.settle_fixed_checklist()
+        or await run.build_action_key()
+        or await run.confirm_tool()
+        or await run.read_required_fields()
+        or await run.look_up_fields()
+        or await run.ask_or_defer_at_instruction()
+        or await run.verify_user_checklist()
+        or await run.tally()
+    )
+
+
+class _Run:
+    """One run's way down the decision path: each step a method named after it, returning the run's
+    decision when it ends the run there (an early exit) and None when the run goes on."""
+
+    def __init__(
+        self,
+        hooks: Mapping[str, Hook],
+        inp: PreflightInput,
+        clock: Clock,
+        load_baseline: Callable[[str], Any],
+        admission: AdmissionPolicy | None,
+        pseudonym: Callable[[str], str] | None,
+    ) -> None:
+        self.hooks, self.inp, self.clock = hooks, inp, clock
+        self.load_baseline, self.admission, self.pseudonym = load_baseline, admission, pseudonym
+        self.trace = Trace(started=started_summary(None, inp))
+        self.intent_attempt = attempt_number(inp.intent_attempt)
+        self.tool_attempt = attempt_number(inp.tool_attempt)
+        self.checklist: list[dict[str, Any]] = []
+        self.checklist_json: list[Any] = []
+        self.fixed_values: dict[str, Any] = {}
+        self.fixed: Fixed | None = None
+        self.action_key: str | None = None
+        self.phase: Literal["at_instruction", "at_trigger"] = "at_trigger"
+        self.plan: CallPlan
+        self.advisory = ""
+        self.ctx: LookupContext | None = None
+        self.fields: list[FieldRecord] = []
+        self.verified: list[Any] = []
+
+    def record(self, **values: Any) -> ExecutionRecord:
+        """A record of this run: what it settled so far, and `values` (the decision and what goes with it)."""
+        return ExecutionRecord.model_validate(
+            {
+                "action_key": self.action_key,
+                "phase": self.phase,
+                "fixed": self.fixed,
+                "advisory_notes": self.advisory,
+                "user_checklist": self.checklist_json,
+                "timestamp": self.clock(),
+                **values,
+            }
+        )
+
+    def stop(self, record: ExecutionRecord, gate_name: GateName, gap_class: GapClass) -> Decided:
+        self.trace.gate_name, self.trace.gap_class = gate_name, gap_class
+        return Decided(record, self.trace)
 
     # Step 0: checklist ids, before anything talks to the user.
-    bad = _unidentified(checklist_raw)
-    if bad:
-        reason = f"hold: user checklist item without a usable id at index {', '.join(map(str, bad))}"
-        return _hold_without_gate(
-            reason, _json_list(checklist_raw), clock(), "checklist_ids", "configuration_defect", started
-        )
-    checklist: list[dict[str, Any]] = [dict(item) for item in checklist_raw]
-    checklist_json = _json_list(checklist)
-    if len(checklist_json) != len(checklist):
-        # Dropping it would defer a run whose trigger then verifies nothing: refuse instead.
-        raise TypeError("the user checklist holds a value that cannot be recorded as JSON")
-
-    intent_attempt = attempt_number(inp.intent_attempt)
-    tool_attempt = attempt_number(inp.tool_attempt)
+    def check_checklist_ids(self) -> Decided | None:
+        raw = self.inp.user_checklist
+        bad = _unidentified(raw)
+        if bad:
+            reason = f"hold: user checklist item without a usable id at index {', '.join(map(str, bad))}"
+            started = self.trace.started
+            return _hold_without_gate(
+                reason, _json_list(raw), self.clock(), "checklist_ids", "configuration_defect", started
+            )
+        self.checklist = [dict(item) for item in raw]
+        self.checklist_json = _json_list(self.checklist)
+        if len(self.checklist_json) != len(self.checklist):
+            # Dropping it would defer a run whose trigger then verifies nothing: refuse instead.
+            raise TypeError("the user checklist holds a value that cannot be recorded as JSON")
+        return None
 
     # Step 1: settle the fixed checklist; the intent gate.
-    fixed_values, issues = await _settle_fixed(hooks, inp)
-    blocking = [i for i in issues if i["code"] != "rescued_by_fallback"]
-    trace = Trace(started=started, fixed=fixed_values, fixed_issues=issues)
-    if blocking:
-        exhausted = intent_attempt >= INTENT_ATTEMPT_LIMIT
+    async def settle_fixed_checklist(self) -> Decided | None:
+        self.fixed_values, issues = await _settle_fixed(self.hooks, self.inp)
+        self.trace.fixed, self.trace.fixed_issues = self.fixed_values, issues
+        blocking = [i for i in issues if i["code"] != "rescued_by_fallback"]
+        if not blocking:
+            # Step 4, computed here (it needs only C1) and recorded from here on: the phase.
+            self.phase = "at_trigger" if self.fixed_values["c1_when_case"] == "immediate" else "at_instruction"
+            return None
+        attempt = self.intent_attempt
+        exhausted = attempt >= INTENT_ATTEMPT_LIMIT
         decision: Literal["ask_user", "hold"] = "hold" if exhausted else "ask_user"
         gate = IntentGate(
             kind="intent_undetermined_exhausted" if exhausted else "intent_undetermined",
             user_message=MSG_INTENT_EXHAUSTED if exhausted else _intent_message(blocking),
-            intent_fingerprint=started["intent_fingerprint"],
-            next_intent_attempt=None if exhausted else intent_attempt + 1,
-            _diag={"issues": blocking, "attempt": intent_attempt, "limit": INTENT_ATTEMPT_LIMIT},
+            intent_fingerprint=self.trace.started["intent_fingerprint"],
+            next_intent_attempt=None if exhausted else attempt + 1,
+            _diag={"issues": blocking, "attempt": attempt, "limit": INTENT_ATTEMPT_LIMIT},
         )
         slots = ", ".join(f"{i['slot']}:{i['code']}" for i in blocking)
+        self.fixed = Fixed.model_validate(self.fixed_values)
         record = _undecided(
             action_key=None,
             phase=None,
-            fixed=Fixed.model_validate(fixed_values),
-            checklist=checklist_json,
+            fixed=self.fixed,
+            checklist=self.checklist_json,
             gate=gate,
             decision=decision,
-            reason=f"{decision}: intent undetermined ({slots}), attempt {intent_attempt} of {INTENT_ATTEMPT_LIMIT}",
-            now=clock(),
+            reason=f"{decision}: intent undetermined ({slots}), attempt {attempt} of {INTENT_ATTEMPT_LIMIT}",
+            now=self.clock(),
         )
-        trace.gate_name, trace.gap_class = "intent", "instruction_gap"
-        return Decided(record, trace)
+        return self.stop(record, "intent", "instruction_gap")
 
-    # Step 4 (computed here, recorded from here on): phase.
-    phase: Literal["at_instruction", "at_trigger"] = (
-        "at_trigger" if fixed_values["c1_when_case"] == "immediate" else "at_instruction"
-    )
-
-    # Step 2: the action key.
-    action_key = await call(hooks["build_action_key"], inp.user_id, dict(fixed_values))
-    if not _usable_name(action_key):
-        raise TypeError(f"build_action_key returned {action_key!r}, not a non-empty string")
+    # Step 2: the action key (in a protected engine, published as its keyed pseudonym).
+    async def build_action_key(self) -> Decided | None:
+        action_key = await call(self.hooks["build_action_key"], self.inp.user_id, dict(self.fixed_values))
+        if not _usable_name(action_key):
+            raise TypeError(f"build_action_key returned {action_key!r}, not a non-empty string")
+        self.action_key = action_key
+        if self.pseudonym is not None:
+            self.readable_action_key: str | None = action_key
+            self.action_key = self.pseudonym(action_key)
+        else:
+            self.readable_action_key = None
+        return None
 
     # Step 3: the tool gate. Only an explicit {approved: True, reason: <str>} is approval.
-    try:
-        verdict = await call(hooks["confirm_tool_name_matches_intent"], fixed_values["c2_user_action_name"], inp.tool)
-    except Exception as exc:
-        verdict = {"approved": False, "reason": f"hook_error: {type(exc).__name__}: {exc}"}
-    approved_raw = read(verdict, "approved", None)
-    reason_raw = read(verdict, "reason", None)
-    approved = approved_raw is True and isinstance(reason_raw, str)
-    if approved:
-        c3_reason: str | None = reason_raw
-    elif isinstance(reason_raw, str):
-        c3_reason = reason_raw
-    else:
-        c3_reason = "hook did not return {approved, reason}"
-    fixed = Fixed.model_validate({**fixed_values, "c3_match": C3Match(approved=approved, reason=c3_reason)})
-    trace.tool_match = {"tool_name": inp.tool.name, "approved": approved, "reason": c3_reason, "phase": phase}
-    if not approved:
-        exhausted = tool_attempt >= TOOL_ATTEMPT_LIMIT
-        decision = "hold" if exhausted else "ask_user"
-        tool_gate = ToolGate(
+    async def confirm_tool(self) -> Decided | None:
+        inp, c2 = self.inp, self.fixed_values["c2_user_action_name"]
+        try:
+            verdict = await call(self.hooks["confirm_tool_name_matches_intent"], c2, inp.tool)
+        except Exception as exc:
+            verdict = {"approved": False, "reason": f"hook_error: {type(exc).__name__}: {exc}"}
+        approved_raw, reason_raw = read(verdict, "approved", None), read(verdict, "reason", None)
+        approved = approved_raw is True and isinstance(reason_raw, str)
+        reason = reason_raw if isinstance(reason_raw, str) else "hook did not return {approved, reason}"
+        self.fixed = Fixed.model_validate({**self.fixed_values, "c3_match": C3Match(approved=approved, reason=reason)})
+        self.trace.tool_match = {
+            "tool_name": inp.tool.name,
+            "approved": approved,
+            "reason": reason,
+            "phase": self.phase,
+        }
+        if self.readable_action_key is not None:
+            self.trace.tool_match["readable_action_key"] = self.readable_action_key
+        if approved:
+            return None
+        attempt = self.tool_attempt
+        exhausted = attempt >= TOOL_ATTEMPT_LIMIT
+        decision: Literal["ask_user", "hold"] = "hold" if exhausted else "ask_user"
+        gate = ToolGate(
             kind="tool_undetermined_exhausted" if exhausted else "tool_undetermined",
             user_message=MSG_TOOL_EXHAUSTED if exhausted else MSG_TOOL_UNDETERMINED,
-            next_tool_attempt=None if exhausted else tool_attempt + 1,
+            next_tool_attempt=None if exhausted else attempt + 1,
             _diag={
                 "candidate_tool": inp.tool.name,
-                "user_action": fixed_values["c2_user_action_name"],
-                "reason": c3_reason,
-                "attempt": tool_attempt,
+                "user_action": c2,
+                "reason": reason,
+                "attempt": attempt,
                 "limit": TOOL_ATTEMPT_LIMIT,
             },
         )
         record = _undecided(
-            action_key=action_key,
-            phase=phase,
-            fixed=fixed,
-            checklist=checklist_json,
-            gate=tool_gate,
+            action_key=self.action_key,
+            phase=self.phase,
+            fixed=self.fixed,
+            checklist=self.checklist_json,
+            gate=gate,
             decision=decision,
-            reason=f"{decision}: tool undetermined ({c3_reason})",
-            now=clock(),
+            reason=f"{decision}: tool undetermined ({reason})",
+            now=self.clock(),
         )
-        trace.gate_name, trace.gap_class = "tool", "action_definition_gap"
-        return Decided(record, trace)
+        return self.stop(record, "tool", "action_definition_gap")
 
-    # Step 5: required fields from the provider checklist. No schema is not "no fields".
-    required = await call(hooks["get_required_fields"], inp.tool)
-    if required is None:
-        definition_gate = DefinitionGate(
-            kind="tool_definition_incomplete",
+    # Step 5: which arguments the call has: the provider checklist's required fields (no schema is not
+    # "no fields"), and the optional ones the model proposed, leaf by leaf (`preflight.arguments`).
+    async def read_required_fields(self) -> Decided | None:
+        inp = self.inp
+        required = await call(self.hooks["get_required_fields"], inp.tool)
+        schema = inp.tool.input_schema_json
+        if required is None or schema is None:
+            return self.definition_hold("tool_definition_incomplete", "input schema missing")
+        if not isinstance(required, (list, tuple)) or not all(isinstance(n, str) and n for n in required):
+            raise TypeError(f"get_required_fields returned {required!r}, not a list of field names")
+        try:
+            self.plan = plan_call(schema, list(dict.fromkeys(required)), inp.proposed_arguments)
+        except ArgumentsError as exc:
+            if exc.in_schema:
+                return self.definition_hold("tool_definition_invalid", exc.detail)
+            return self.proposal_hold(exc)
+        self.advisory = await _text_hook(self.hooks, "get_advisory_notes", inp.tool)
+        return None
+
+    def definition_hold(
+        self, kind: Literal["tool_definition_incomplete", "tool_definition_invalid"], defect: str
+    ) -> Decided:
+        """The confirmed tool's definition cannot be checked: held, an action-definition gap."""
+        gate = DefinitionGate(
+            kind=kind,
             user_message=MSG_DEFINITION_INCOMPLETE,
-            _diag={"candidate_tool": inp.tool.name, "defect": "input_schema missing"},
+            _diag={"candidate_tool": self.inp.tool.name, "defect": defect},
+        )
+        what = "incomplete" if kind == "tool_definition_incomplete" else "invalid"
+        record = _undecided(
+            action_key=self.action_key,
+            phase=self.phase,
+            fixed=self.fixed_checklist,
+            checklist=self.checklist_json,
+            gate=gate,
+            decision="hold",
+            reason=f"hold: tool definition {what} ({defect})",
+            now=self.clock(),
+        )
+        return self.stop(record, "tool_definition", "action_definition_gap")
+
+    def proposal_hold(self, error: ArgumentsError) -> Decided:
+        """The model's proposal cannot be a call of this tool: held until the agent proposes again."""
+        assert error.kind in ("proposal_invalid", "proposal_too_large", "proposal_not_in_schema")
+        gate = ProposalGate(
+            kind="proposal_rejected",
+            code=error.kind,
+            user_message=MSG_PROPOSAL_REJECTED,
+            _diag={"candidate_tool": self.inp.tool.name, "defect": error.detail},
         )
         record = _undecided(
-            action_key=action_key,
-            phase=phase,
-            fixed=fixed,
-            checklist=checklist_json,
-            gate=definition_gate,
+            action_key=self.action_key,
+            phase=self.phase,
+            fixed=self.fixed_checklist,
+            checklist=self.checklist_json,
+            gate=gate,
             decision="hold",
-            reason="hold: tool definition incomplete (input schema missing)",
-            now=clock(),
+            reason=f"hold: proposed arguments rejected ({error.detail})",
+            now=self.clock(),
         )
-        trace.gate_name, trace.gap_class = "tool_definition", "action_definition_gap"
-        return Decided(record, trace)
-    if not isinstance(required, (list, tuple)) or not all(isinstance(n, str) and n for n in required):
-        raise TypeError(f"get_required_fields returned {required!r}, not a list of field names")
-    names = list(dict.fromkeys(required))
-    advisory = await _text_hook(hooks, "get_advisory_notes", inp.tool)
+        return self.stop(record, "proposal", "action_definition_gap")
 
-    # Step 6: the five tiers, field by field, in order (sequential on purpose).
-    ctx = LookupContext(
-        user_id=inp.user_id,
-        instruction=inp.instruction,
-        user_answers=inp.user_answers,
-        checklist_answers=inp.checklist_answers,
-        pre_set_data=inp.pre_set_data,
-        measured_data=inp.measured_data,
-        prior_execution_state=inp.prior_execution_state,
-        phase=phase,
-        field_schemas=dict(inp.tool.input_schema.properties) if inp.tool.input_schema else {},
-    )
-    baseline = BaselineReader(inp.prior_execution_state, inp.prior_state_given, lambda: load_baseline(action_key))
-    for name in names:
-        trace.fields.append(await settle_field(name, ctx, hooks, baseline, clock()))
-    fields = [r.field for r in trace.fields]
-    unknown = [f for f in fields if f.status == "unknown"]
+    @property
+    def fixed_checklist(self) -> Fixed:
+        assert self.fixed is not None
+        return self.fixed
+
+    # Step 6: the five tiers, leaf by leaf, in order (sequential on purpose); then the assembled call
+    # against the whole schema, once every leaf is known.
+    async def look_up_fields(self) -> Decided | None:
+        inp, plan = self.inp, self.plan
+        self.ctx = LookupContext(
+            user_id=inp.user_id,
+            instruction=inp.instruction,
+            user_answers=inp.user_answers,
+            checklist_answers=inp.checklist_answers,
+            pre_set_data=inp.pre_set_data,
+            measured_data=inp.measured_data,
+            prior_execution_state=inp.prior_execution_state,
+            phase=self.phase,
+            field_schemas={leaf.name: leaf.schema for leaf in plan.leaves},
+            input_schema=plan.schema,
+            proposed_arguments=inp.proposed_arguments,
+        )
+        key = self.action_key
+        assert key is not None
+        baseline = BaselineReader(inp.prior_execution_state, inp.prior_state_given, lambda: self.load_baseline(key))
+        for leaf in plan.leaves:
+            check = functools.partial(plan.leaf_violation, leaf)
+            self.trace.fields.append(await settle_field(leaf.name, self.ctx, self.hooks, baseline, self.clock(), check))
+        self.check_the_call()
+        if inp.proposed_arguments is not None:
+            self.trace.fields = [
+                _with_proposal(r, leaf) for r, leaf in zip(self.trace.fields, plan.leaves, strict=True)
+            ]
+        self.fields = [r.field for r in self.trace.fields]
+        return None
+
+    def check_the_call(self) -> None:
+        """Every leaf known: the assembled call against the whole schema; a violation turns the leaves under
+        its path unknown, with the reason."""
+        settled = [r.field for r in self.trace.fields]
+        if not settled or any(f.status != "known" for f in settled):
+            return
+        problems = self.plan.call_violations({f.name: f.value for f in settled})
+        for index, resolved in enumerate(self.trace.fields):
+            pointer = pointer_of(resolved.field.name)
+            why = [reason for path, reason in problems if pointer == path or pointer.startswith(path + "/")]
+            if why:
+                note = f"schema violation (source {resolved.field.source}): {why[0]}"
+                self.trace.fields[index] = Resolved(
+                    demote(resolved.field, note, pending_at_trigger=False), resolved.evidence
+                )
+
+    @property
+    def unknown(self) -> list[FieldRecord]:
+        return [f for f in self.fields if f.status == "unknown"]
 
     # Step 7: at instruction time, ask before scheduling or defer with what must be preserved.
-    if phase == "at_instruction":
-        blocking_fields = [f for f in unknown if f.pending_at_trigger is not True]
-        if blocking_fields:
-            value_gate = ValueGate(
-                unknown_fields=[UnknownFieldEntry(name=f.name, note=f.note) for f in blocking_fields],
+    async def ask_or_defer_at_instruction(self) -> Decided | None:
+        if self.phase != "at_instruction":
+            return None
+        unknown = self.unknown
+        blocking = [f for f in unknown if f.pending_at_trigger is not True]
+        if blocking:
+            gate = ValueGate(
+                unknown_fields=[UnknownFieldEntry(name=f.name, note=f.note) for f in blocking],
                 unverified_checklist=[],
                 _diag={
-                    "phase": phase,
-                    "pending_at_trigger": len(unknown) - len(blocking_fields),
-                    "lookup_failures": _lookup_failures(fields),
+                    "phase": self.phase,
+                    "pending_at_trigger": len(unknown) - len(blocking),
+                    "lookup_failures": _lookup_failures(self.fields),
                 },
             )
-            gate_json = value_gate.model_dump(mode="json")
-            record = ExecutionRecord(
-                action_key=action_key,
-                phase=phase,
-                fixed=fixed,
-                fields=fields,
-                advisory_notes=advisory,
-                user_checklist=checklist_json,
+            record = self.record(
+                fields=self.fields,
                 unknown_count=len(unknown),
                 unverified_checklist_count=None,
-                gate=value_gate,
+                gate=gate,
                 execution_decision="ask_user",
-                reason=await _reason(hooks, "ask_user", gate_json),
-                timestamp=clock(),
+                reason=await _reason(self.hooks, "ask_user", gate.model_dump(mode="json")),
             )
-            trace.gate_name, trace.gap_class = "value", gap_class_for("value", blocking_fields)
-            return Decided(record, trace)
-
+            return self.stop(record, "value", gap_class_for("value", blocking))
+        inp = self.inp
         preserve = {
             "instruction": inp.instruction
             if isinstance(inp.instruction, str)
             else [s.model_dump(mode="json") for s in inp.instruction],
             "tool": inp.tool.model_dump(mode="json", by_alias=True),
             "pre_set_data": dict(inp.pre_set_data),
-            "user_checklist": checklist_json,
+            "user_checklist": self.checklist_json,
             "user_answers": dict(inp.user_answers),
             "checklist_answers": dict(inp.checklist_answers),
         }
-        deferred_input = await call(hooks["build_deferred_input"], preserve)
+        if inp.proposed_arguments is not None:
+            preserve["proposed_arguments"] = inp.proposed_arguments
+        deferred_input = await call(self.hooks["build_deferred_input"], preserve)
         if not isinstance(deferred_input, Mapping):
             raise TypeError("build_deferred_input did not return a mapping")
-        trace.deferred_pending = [f.name for f in unknown]
-        record = ExecutionRecord(
-            action_key=action_key,
-            phase=phase,
-            fixed=fixed,
-            fields=fields,
-            advisory_notes=advisory,
-            user_checklist=checklist_json,
+        self.trace.deferred_pending = [f.name for f in unknown]
+        record = self.record(
+            fields=self.fields,
             unknown_count=len(unknown),
             unverified_checklist_count=None,
             gate=None,
             execution_decision="deferred",
-            reason=f"deferred: a {fixed_values['c1_when_case']} action waits for its trigger "
+            reason=f"deferred: a {self.fixed_values['c1_when_case']} action waits for its trigger "
             f"({len(unknown)} field(s) pending)",
-            timestamp=clock(),
             deferred_input=dict(deferred_input),
         )
-        return Decided(record, trace)
+        return Decided(record, self.trace)
 
     # Step 8: at trigger time, verify the user checklist. Incoming status is never trusted.
-    verified_items: list[dict[str, Any]] = []
-    for item in checklist:
-        offered = {k: v for k, v in item.items() if k != "status"}
-        try:
-            out = await call(hooks["verify_user_checklist_item"], offered, ctx)
-        except Exception as exc:
-            out = {"status": "unverified", "source": None, "note": f"verification hook failed: {exc}"}
-        merged = dict(item)
-        if isinstance(out, Mapping):
-            merged.update({k: v for k, v in out.items() if k != "id"})
-        elif out is not None:
-            for key in ("status", "source", "verified_at", "note"):
-                value = read(out, key)
-                if value is not MISSING:
-                    merged[key] = value
-        else:
-            merged["note"] = "verification hook returned nothing"
-        merged["id"] = item["id"]
-        merged["status"] = "verified" if read(out, "status", None) == "verified" else "unverified"
-        verified_items.append(merged)
-    verified_json = _json_list(verified_items)
-    if len(verified_json) != len(verified_items):
-        raise TypeError("verify_user_checklist_item returned values that cannot be recorded as JSON")
-    trace.checklist = list(enumerate(verified_json))
+    async def verify_user_checklist(self) -> Decided | None:
+        items = [await _verified_item(self.hooks, item, self.ctx) for item in self.checklist]
+        self.verified = _json_list(items)
+        if len(self.verified) != len(items):
+            raise TypeError("verify_user_checklist_item returned values that cannot be recorded as JSON")
+        self.trace.checklist = list(enumerate(self.verified))
+        self.checklist_json = self.verified
+        return None
 
     # Step 9: the tally. Execute only when nothing is unknown and nothing is unverified.
-    unverified = [i for i in verified_json if i["status"] != "verified"]
-    value_gate = ValueGate(
-        unknown_fields=[UnknownFieldEntry(name=f.name, note=f.note) for f in unknown],
-        unverified_checklist=[
-            UnverifiedItemEntry(
-                id=i["id"],
-                description=i.get("description") if isinstance(i.get("description"), str) else None,
-                note=i.get("note") if isinstance(i.get("note"), str) else None,
-            )
-            for i in unverified
-        ],
-        _diag={"lookup_failures": _lookup_failures(fields)},
-    )
-    final: Literal["execute", "ask_user"] = "execute" if not unknown and not unverified else "ask_user"
-    gate_json = value_gate.model_dump(mode="json")
+    async def tally(self) -> Decided:
+        unknown = self.unknown
+        unverified = [i for i in self.verified if i["status"] != "verified"]
+        gate = ValueGate(
+            unknown_fields=[UnknownFieldEntry(name=f.name, note=f.note) for f in unknown],
+            unverified_checklist=[
+                UnverifiedItemEntry(
+                    id=i["id"],
+                    description=i.get("description") if isinstance(i.get("description"), str) else None,
+                    note=i.get("note") if isinstance(i.get("note"), str) else None,
+                )
+                for i in unverified
+            ],
+            _diag={"lookup_failures": _lookup_failures(self.fields)},
+        )
+        final: Literal["execute", "ask_user"] = "execute" if not unknown and not unverified else "ask_user"
+        admitted: AdmissionVerdict | None = None
+        if final == "execute" and self.admission is not None:
+            refused, admitted = self.admit()
+            if refused is not None:
+                return refused
+        record = self.record(
+            fields=self.fields,
+            unknown_count=len(unknown),
+            unverified_checklist_count=len(unverified),
+            gate=gate,
+            execution_decision=final,
+            reason=await _reason(self.hooks, final, gate.model_dump(mode="json")),
+            admission=admitted,
+        )
+        if final == "execute":
+            self.trace.arguments = call_arguments({f.name: f.value for f in self.fields})
+            return Decided(record, self.trace)
+        return self.stop(record, "value", gap_class_for("value", unknown))
 
     # Step 9b: admission (SPEC §4), only for a run that would execute. It judges an invocation: the
     # arguments exist only once every field is known, and the approval and the environment are read at
     # trigger time, when the call would be made. A run still asking for values or confirmations is not
     # an invocation yet, and those questions are the user's to answer before any approval is sought.
-    admitted: AdmissionVerdict | None = None
-    if final == "execute" and admission is not None:
-        assert action_key is not None
-        assessment = admission.assess(inp, action_key, {f.name: f.value for f in fields})
-        trace.admission = assessment.event
-        admitted = assessment.verdict
-        if not assessment.allowed:
-            refused, admission_gate, gap, why = assessment.gate()
-            record = ExecutionRecord(
-                action_key=action_key,
-                phase=phase,
-                fixed=fixed,
-                fields=fields,
-                advisory_notes=advisory,
-                user_checklist=verified_json,
-                unknown_count=0,
-                unverified_checklist_count=0,
-                gate=admission_gate,
-                execution_decision=refused,
-                reason=why,
-                timestamp=clock(),
-                admission=admitted,
-            )
-            trace.gate_name, trace.gap_class = "admission", gap
-            return Decided(record, trace)
+    def admit(self) -> tuple[Decided | None, AdmissionVerdict]:
+        assert self.admission is not None and self.action_key is not None
+        arguments = call_arguments({f.name: f.value for f in self.fields})
+        assessment = self.admission.assess(self.inp, self.action_key, arguments)
+        self.trace.admission = assessment.event
+        if assessment.allowed:
+            return None, assessment.verdict
+        refused, gate, gap, why = assessment.gate()
+        record = self.record(
+            fields=self.fields,
+            unknown_count=0,
+            unverified_checklist_count=0,
+            gate=gate,
+            execution_decision=refused,
+            reason=why,
+            admission=assessment.verdict,
+        )
+        return self.stop(record, "admission", gap), assessment.verdict
 
-    record = ExecutionRecord(
-        action_key=action_key,
-        phase=phase,
-        fixed=fixed,
-        fields=fields,
-        advisory_notes=advisory,
-        user_checklist=verified_json,
-        unknown_count=len(unknown),
-        unverified_checklist_count=len(unverified),
-        gate=value_gate,
-        execution_decision=final,
-        reason=await _reason(hooks, final, gate_json),
-        timestamp=clock(),
-        admission=admitted,
-    )
-    if final == "execute":
-        trace.arguments = {f.name: f.value for f in fields}
+
+async def _verified_item(hooks: Mapping[str, Hook], item: dict[str, Any], ctx: LookupContext | None) -> dict[str, Any]:
+    """One user-checklist item as verified at trigger time: verified only if the hook says exactly so."""
+    offered = {k: v for k, v in item.items() if k != "status"}
+    try:
+        out = await call(hooks["verify_user_checklist_item"], offered, ctx)
+    except Exception as exc:
+        out = {"status": "unverified", "source": None, "note": f"verification hook failed: {exc}"}
+    merged = dict(item)
+    if isinstance(out, Mapping):
+        merged.update({k: v for k, v in out.items() if k != "id"})
+    elif out is not None:
+        for key in ("status", "source", "verified_at", "note"):
+            value = read(out, key)
+            if value is not MISSING:
+                merged[key] = value
     else:
-        trace.gate_name, trace.gap_class = "value", gap_class_for("value", unknown)
-    return Decided(record, trace)
+        merged["note"] = "verification hook returned nothing"
+    merged["id"] = item["id"]
+    merged["status"] = "verified" if read(out, "status", None) == "verified" else "unverified"
+    return merged
+
+
+def _with_proposal(resolved: Resolved, leaf: Leaf) -> Resolved:
+    """The settled leaf with its `proposal` status, and the proposed value in its evidence (sealed in a
+    protected run; never shown to the user)."""
+    f = resolved.field
+    status = proposal_status(leaf, f.status == "known", f.value)
+    evidence = replace(resolved.evidence, proposed=leaf.proposed) if leaf.was_proposed else resolved.evidence
+    return Resolved(f.model_copy(update={"proposal": status}), evidence, resolved.final)
 
 
 def _lookup_failures(fields: list[FieldRecord]) -> list[Any]:

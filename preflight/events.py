@@ -20,8 +20,11 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from preflight.errors import ChainError, EventDecodeError
 from preflight.records import UNKEYED_RECORD_KEY
 
-EVENT_SCHEMA_VERSION = 1
-SUPPORTED_EVENT_VERSIONS = frozenset({EVENT_SCHEMA_VERSION})
+EVENT_SCHEMA_VERSION = 2
+"""2: a field is named by JSON Pointer when it is a nested argument leaf and carries its `proposal` status,
+its evidence the (sealed) proposed value; an outcome carries the digest of a tool's structured content and
+its check against the tool's output schema. Version 1 events read unchanged (the new members are optional)."""
+SUPPORTED_EVENT_VERSIONS = frozenset({1, EVENT_SCHEMA_VERSION})
 GENESIS_HASH = "0" * 64
 
 GapClass = Literal[
@@ -31,7 +34,18 @@ GapClass = Literal[
     "unmet_condition",
     "internal_error",
 ]
-GateName = Literal["input", "checklist_ids", "intent", "tool", "tool_definition", "value", "admission", "backstop"]
+GateName = Literal[
+    "input",
+    "checklist_ids",
+    "intent",
+    "tool",
+    "tool_definition",
+    "proposal",
+    "value",
+    "admission",
+    "execution",
+    "backstop",
+]
 
 _EVENT_CONFIG = ConfigDict(frozen=True, extra="forbid")
 
@@ -81,13 +95,19 @@ class FixedChecklistResolved(Envelope):
 
 
 class ToolMatchDecided(Envelope):
-    """The tool gate's verdict on the selected tool, and the key and phase it settles."""
+    """The tool gate's verdict on the selected tool, and the key and phase it settles.
+
+    `readable_action_key` is the adopter's action key as `build_action_key` returned it, present (sealed)
+    only in a protected run, whose published `action_key` is its keyed pseudonym (`preflight.protect`);
+    an unprotected run publishes the readable key itself and writes the event without this member.
+    """
 
     event_type: Literal["tool_match_decided"] = "tool_match_decided"
     tool_name: str
     approved: bool
     reason: str | None
     phase: Literal["at_instruction", "at_trigger"]
+    readable_action_key: str | None = Field(default=None, exclude_if=lambda value: value is None)
 
 
 class FieldResolved(Envelope):
@@ -195,7 +215,12 @@ class RunClosed(Envelope):
 
 
 class Executed(Envelope):
-    """The tool was called once for an approved decision and returned."""
+    """The tool was called once for an approved decision and returned (not an MCP error result).
+
+    `structured_content_digest` is the digest of the result's `structuredContent` and `output_check` its
+    check against the tool's `outputSchema` (``valid`` or the violation), each present only when there is
+    one (`preflight.results`).
+    """
 
     event_type: Literal["executed"] = "executed"
     decision_id: str
@@ -204,10 +229,13 @@ class Executed(Envelope):
     result_digest: str
     reason: str
     timestamp: str
+    structured_content_digest: str | None = Field(default=None, exclude_if=lambda value: value is None)
+    output_check: str | None = Field(default=None, exclude_if=lambda value: value is None)
 
 
 class ExecutionFailed(Envelope):
-    """The tool call raised. Nothing says the provider did nothing: it is never retried."""
+    """The tool call raised, or answered with an MCP error result (`error_type` ``ToolError``). Nothing says
+    the provider did nothing: it is never retried."""
 
     event_type: Literal["execution_failed"] = "execution_failed"
     decision_id: str

@@ -7,6 +7,7 @@ beyond the shape the engine checks.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -48,6 +49,21 @@ async def call(fn: Hook, *args: Any) -> Any:
     return result
 
 
+_POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+
+
+@functools.lru_cache(maxsize=256)
+def takes(fn: Hook, count: int) -> bool:
+    """True if `fn` declares at least `count` named positional parameters (a hook's optional extra
+    argument, e.g. a tier-1 hook's `ctx`). A wrapper taking ``*args`` declares none: it is called as the
+    specification's signature says."""
+    try:
+        parameters = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # no signature to read (some builtins)
+        return False
+    return sum(1 for p in parameters if p.kind in _POSITIONAL) >= count
+
+
 def read(obj: Any, key: str, default: Any = MISSING) -> Any:
     """`obj[key]` for a mapping, `obj.key` otherwise; `default` when absent."""
     if isinstance(obj, Mapping):
@@ -69,7 +85,13 @@ class LookupContext:
     measured_data: Mapping[str, Any]
     prior_execution_state: ExecutionRecord | None
     phase: Phase
+    #: Each field's JSON Schema ($ref resolved), by field name.
     field_schemas: Mapping[str, Any] = field(default_factory=dict)
+    #: The tool's whole input schema (for `validate_field_schema` rules that need the root, e.g. `$defs`).
+    input_schema: Mapping[str, Any] | None = None
+    #: The model's proposed arguments, as given (never a source: a tier-1 hook may look for them in the
+    #: user's words, as `preflight.extract.proposal_extractor` does; the engine checks what it cites).
+    proposed_arguments: Any = None
 
 
 # ---- defaults -------------------------------------------------------------------------------------
@@ -117,12 +139,17 @@ def default_format_reason(decision: str, gate: Mapping[str, Any]) -> str:
 
 
 def default_build_deferred_input(preserve: Mapping[str, Any]) -> dict[str, Any]:
-    """Preserve intent (instruction, user checklist, answers); reality is re-fetched at trigger."""
-    return {
+    """Preserve intent (instruction, user checklist, answers, the proposed arguments); reality is
+    re-fetched at trigger."""
+    kept = {
         "instruction": preserve["instruction"],
         "user_checklist": preserve["user_checklist"],
         "user_answers": preserve["user_answers"],
     }
+    if preserve.get("proposed_arguments") is not None:
+        # Which arguments the call has is intent too: a `dryRun: true` must still be there at the trigger.
+        kept["proposed_arguments"] = preserve["proposed_arguments"]
+    return kept
 
 
 DEFAULT_HOOKS: dict[str, Hook] = {

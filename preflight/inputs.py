@@ -45,16 +45,46 @@ class InputSchema(BaseModel):
     required: list[str] | None = None
 
 
+#: MCP's tool annotations in their wire names, from the snake_case names a plain `model_dump()` of the
+#: SDK's `ToolAnnotations` gives (read as unknown keys, a read-only tool would have become destructive).
+_ANNOTATION_NAMES = {
+    "read_only_hint": "readOnlyHint",
+    "destructive_hint": "destructiveHint",
+    "idempotent_hint": "idempotentHint",
+    "open_world_hint": "openWorldHint",
+}
+
+
+def _as_mcp_json(raw: Any) -> Any:
+    """A tool as `tools/list` JSON: an object of another model (the `mcp` SDK's `Tool`) by its wire
+    names, and annotations given in snake_case renamed to MCP's camelCase."""
+    if not isinstance(raw, BaseModel) and hasattr(raw, "model_dump") and callable(raw.model_dump):
+        raw = raw.model_dump(mode="json", by_alias=True, exclude_none=True)
+    if isinstance(raw, dict) and isinstance(raw.get("annotations"), dict):
+        hints = raw["annotations"]
+        renamed = {_ANNOTATION_NAMES.get(k, k): v for k, v in hints.items()}
+        if renamed != hints:
+            raw = {**raw, "annotations": renamed}
+    return raw
+
+
 class Tool(BaseModel):
-    """The already-selected MCP tool, as `tools/list` describes it.
+    """The already-selected MCP tool, as `tools/list` describes it -- the JSON, or the `mcp` SDK's own
+    `Tool` object (read by its wire names).
 
     `effect_class` (also `effectClass`) states what calling the tool does: `read_only`, `write` or
     `destructive`. When it is absent the class is read from the MCP `annotations` (see
     `preflight.reversibility.effect_class_of`); it is written back only when it was given, so a tool
-    that does not state one records exactly as MCP described it.
+    that does not state one records exactly as MCP described it. `outputSchema`, when the tool has one,
+    is what a `CallToolResult`'s `structuredContent` is checked against.
     """
 
     model_config = ConfigDict(frozen=True, extra="allow", populate_by_name=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_mcp(cls, raw: Any) -> Any:
+        return _as_mcp_json(raw)
 
     name: str = Field(min_length=1)
     description: str | None = None
@@ -65,6 +95,20 @@ class Tool(BaseModel):
         validation_alias=AliasChoices("effect_class", "effectClass"),
         exclude_if=lambda value: value is None,
     )
+
+    @property
+    def input_schema_json(self) -> dict[str, Any] | None:
+        """The input schema exactly as given (every keyword, `$defs` included), or None if it never arrived."""
+        if self.input_schema is None:
+            return None
+        return self.input_schema.model_dump(mode="json", by_alias=True, exclude_unset=True)
+
+    @property
+    def output_schema_json(self) -> dict[str, Any] | None:
+        """The tool's `outputSchema` (also `output_schema`), when it is a JSON object."""
+        extra = self.model_extra or {}
+        schema = extra.get("outputSchema", extra.get("output_schema"))
+        return schema if isinstance(schema, dict) else None
 
     @model_validator(mode="after")
     def _recordable(self) -> Tool:
@@ -92,6 +136,9 @@ class PreflightInput(BaseModel):
     prior_execution_state: ExecutionRecord | None = None
     user_checklist: list[Any] = Field(default_factory=list)
     user_answers: dict[str, Any] = Field(default_factory=dict)
+    # The model's tools/call `arguments` as it sent them (SPEC §2.6): which optional arguments the call
+    # has, never a source of their values. None: no proposal (the required arguments only).
+    proposed_arguments: Any = None
     checklist_answers: dict[str, Any] = Field(default_factory=dict)
     intent_attempt: Any = 0
     tool_attempt: Any = 0

@@ -13,7 +13,9 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from preflight.hooks import MISSING, Hook, LookupContext, call, read
+from preflight.arguments import name_of, value_at
+from preflight.hooks import MISSING, Hook, LookupContext, call, read, takes
+from preflight.normalise import denotes, whole_token
 from preflight.records import ExecutionRecord, FieldRecord
 
 
@@ -30,9 +32,13 @@ class Evidence:
     baseline: str | None = None
     baseline_run_id: str | None = None
     baseline_timestamp: str | None = None
+    #: The model's proposed value for the field (MISSING: it proposed none), beside, never inside, the value.
+    proposed: Any = MISSING
 
     def as_json(self) -> dict[str, Any]:
+        proposed = {} if self.proposed is MISSING else {"proposed": self.proposed}
         return {
+            **proposed,
             "tier": self.tier,
             "segment_index": self.segment_index,
             "span": list(self.span) if self.span is not None else None,
@@ -49,6 +55,9 @@ class Evidence:
 class Resolved:
     field: FieldRecord
     evidence: Evidence
+    #: Settled unknown on the spot (a lookup hook threw, or a tier-1 claim was refused): the field policy
+    #: and validation do not see it, so nothing can mark it pending or change its note.
+    final: bool = False
 
 
 class BaselineReader:
@@ -143,13 +152,18 @@ async def lookup_field(
     name: str, ctx: LookupContext, hooks: Mapping[str, Hook], baseline: BaselineReader, at: str
 ) -> Resolved:
     """Walk the five tiers for `name`; the first tier with an acceptable value settles it."""
-    # Tier 0: an answer the user gave to an earlier ask.
-    if name in ctx.user_answers:
-        return _known(name, ctx.user_answers[name], "user_answer", at, Evidence(tier="user_answer"))
+    # Tier 0: an answer the user gave to an earlier ask (for this leaf, or for an object holding it).
+    answered = given(ctx.user_answers, name)
+    if answered is not MISSING:
+        return _known(name, answered, "user_answer", at, Evidence(tier="user_answer"))
 
     # Tier 1: the user's own words, with coordinates. A plain-string instruction closes this tier.
+    extract = hooks["extract_from_instruction"]
     try:
-        found = await call(hooks["extract_from_instruction"], name, ctx.instruction)
+        if takes(extract, 3):
+            found = await call(extract, name, ctx.instruction, ctx)
+        else:
+            found = await call(extract, name, ctx.instruction)
     except Exception as exc:
         return _failed(name, at, "instruction", exc)
     if found is not None and isinstance(ctx.instruction, list):
@@ -160,15 +174,21 @@ async def lookup_field(
             span = _span_ok(read(found, "span", None), segment.text)
             if segment.trust == "user" and span is not None:
                 evidence = Evidence(tier="instruction", segment_index=index, span=span, segment_origin=segment.origin)
+                if not _span_holds(segment.text, span, value, ctx.field_schemas.get(name)):
+                    # The claim cites the user's words, but they do not say this value: the extractor was
+                    # mistaken or fooled. Unknown on the spot, never a value from another tier in its stead.
+                    return Resolved(_refused_claim(name, at, span), evidence, final=True)
                 return _known(name, value, "instruction", at, evidence)
 
-    # Tier 2: a value set in advance, only inside a wrapper whose trust is "user".
-    if name in ctx.pre_set_data:
-        entry = ctx.pre_set_data[name]
-        if isinstance(entry, Mapping) and "value" in entry and entry.get("trust") == "user":
+    # Tier 2: a value set in advance, only inside a wrapper whose trust is "user" (for this leaf, or for
+    # an object holding it).
+    entry, inside = wrapped(ctx.pre_set_data, name)
+    if isinstance(entry, Mapping) and "value" in entry and entry.get("trust") == "user":
+        value = entry["value"] if inside is None else value_at(entry["value"], inside)
+        if value is not MISSING:
             origin = entry.get("origin")
             evidence = Evidence(tier="pre_set_data", pre_set_origin=origin if isinstance(origin, str) else None)
-            return _known(name, entry["value"], "pre_set_data", at, evidence)
+            return _known(name, value, "pre_set_data", at, evidence)
 
     # Tier 3: a measurement the hook vouches for with `valid: True`.
     try:
@@ -210,6 +230,37 @@ async def lookup_field(
     return Resolved(_unknown(name, at), base_evidence)
 
 
+def _ancestors(name: str) -> list[tuple[str, str | None]]:
+    """(key, pointer inside its value) for `name` itself, then each object above it, nearest first."""
+    if not name.startswith("/"):
+        return [(name, None)]
+    tokens = name[1:].split("/")
+    out: list[tuple[str, str | None]] = [(name, None)]
+    for cut in range(len(tokens) - 1, 0, -1):
+        outer = "/" + "/".join(tokens[:cut])
+        out.append((name_of(outer), "/" + "/".join(tokens[cut:])))
+    return out
+
+
+def given(answers: Mapping[str, Any], name: str) -> Any:
+    """The answer for field `name`: under its own name, else inside an answer for an object holding it."""
+    for key, inside in _ancestors(name):
+        if key in answers:
+            value = answers[key] if inside is None else value_at(answers[key], inside)
+            if value is not MISSING:
+                return value
+    return MISSING
+
+
+def wrapped(pre_set: Mapping[str, Any], name: str) -> tuple[Any, str | None]:
+    """The pre-set entry for field `name` and the pointer inside its value (None: the entry is the field's
+    own), nearest first; (None, None) when there is none."""
+    for key, inside in _ancestors(name):
+        if key in pre_set:
+            return pre_set[key], inside
+    return None, None
+
+
 def _known(name: str, value: Any, source: Any, at: str, evidence: Evidence) -> Resolved:
     ok, value = json_value(value)
     if not ok:
@@ -217,6 +268,28 @@ def _known(name: str, value: Any, source: Any, at: str, evidence: Evidence) -> R
         return Resolved(_unknown(name, at, note=note), evidence)
     record = FieldRecord(name=name, value=value, status="known", source=source, origin_source=source, resolved_at=at)
     return Resolved(record, evidence)
+
+
+SPAN_DOES_NOT_HOLD_VALUE = "span_does_not_hold_value"
+"""The note of a field whose tier-1 claim cites a span of the user's words that does not write the value."""
+
+
+def _span_holds(text: str, span: tuple[int, int], value: Any, schema: Any) -> bool:
+    """True if the text at `span` writes `value` and is a whole token of `text` (`preflight.normalise`)."""
+    start, end = span
+    numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
+    schema_map = schema if isinstance(schema, Mapping) else None
+    return denotes(text[start:end], value, schema_map) and whole_token(text, start, end, numeric=numeric)
+
+
+def _refused_claim(name: str, at: str, span: tuple[int, int]) -> FieldRecord:
+    return _unknown(
+        name,
+        at,
+        pending_at_trigger=False,
+        note=SPAN_DOES_NOT_HOLD_VALUE,
+        diag_note=f"the claimed value is not what the user's segment says at characters {span[0]} to {span[1]}",
+    )
 
 
 def _failed(name: str, at: str, tier: str, exc: BaseException) -> Resolved:
@@ -228,23 +301,31 @@ def _failed(name: str, at: str, tier: str, exc: BaseException) -> Resolved:
         note=f"lookup hook failed (tier: {tier})",
         diag_note=f"{type(exc).__name__}: {exc}",
     )
-    return Resolved(record, Evidence(tier=None))
+    return Resolved(record, Evidence(tier=None), final=True)
 
 
-def _demote(record: FieldRecord, note: str, **extra: Any) -> FieldRecord:
+def demote(record: FieldRecord, note: str, **extra: Any) -> FieldRecord:
+    """`record` made unknown with `note` (a value refused after it was found)."""
     data = record.model_dump(by_alias=False)
     data.update(value=None, status="unknown", source=None, origin_source=None, note=note, **extra)
     return FieldRecord.model_validate(data)
 
 
 async def settle_field(
-    name: str, ctx: LookupContext, hooks: Mapping[str, Hook], baseline: BaselineReader, at: str
+    name: str,
+    ctx: LookupContext,
+    hooks: Mapping[str, Hook],
+    baseline: BaselineReader,
+    at: str,
+    check: Callable[[Any], str | None] | None = None,
 ) -> Resolved:
-    """Lookup, then the field policy, then schema validation. Each step may only downgrade."""
+    """Lookup, then the field policy, then schema validation: the built-in `check` of the value against its
+    JSON Schema (`preflight.arguments`), then the `validate_field_schema` hook's rules. Each step may only
+    downgrade."""
     resolved = await lookup_field(name, ctx, hooks, baseline, at)
     record = resolved.field
-    if record.lookup_failed:
-        # The policy must not see a crashed lookup: it could mark it pending and schedule it.
+    if resolved.final:
+        # The policy must not see a crashed lookup or a refused claim: it could mark it pending and schedule it.
         return resolved
 
     record = await _apply_policy(record, ctx, hooks)
@@ -252,16 +333,18 @@ async def settle_field(
         return Resolved(record, resolved.evidence)
 
     schema = ctx.field_schemas.get(name)
-    try:
-        verdict = await call(hooks["validate_field_schema"], record.value, schema, ctx)
-    except Exception as exc:
-        verdict = f"validation hook failed: {type(exc).__name__}: {exc}"
+    verdict = check(record.value) if check is not None else None
+    if verdict is None:
+        try:
+            verdict = await call(hooks["validate_field_schema"], record.value, schema, ctx)
+        except Exception as exc:
+            verdict = f"validation hook failed: {type(exc).__name__}: {exc}"
     if verdict is None:
         return Resolved(record, resolved.evidence)
     if not isinstance(verdict, str):
         verdict = f"validation hook returned {type(verdict).__name__}, not None or a violation string"
     note = f"schema violation (source {record.source}): {verdict}"
-    return Resolved(_demote(record, note, pending_at_trigger=False), resolved.evidence)
+    return Resolved(demote(record, note, pending_at_trigger=False), resolved.evidence)
 
 
 async def _apply_policy(record: FieldRecord, ctx: LookupContext, hooks: Mapping[str, Hook]) -> FieldRecord:
@@ -270,10 +353,10 @@ async def _apply_policy(record: FieldRecord, ctx: LookupContext, hooks: Mapping[
     try:
         out = await call(hooks["apply_field_policy"], dict(given), ctx)
     except Exception as exc:
-        return _demote(record, f"field policy hook failed: {type(exc).__name__}: {exc}")
+        return demote(record, f"field policy hook failed: {type(exc).__name__}: {exc}")
     status = read(out, "status", None)
     if status not in ("known", "unknown"):
-        return _demote(record, "field policy hook did not return a valid field record")
+        return demote(record, "field policy hook did not return a valid field record")
 
     pending = read(out, "pending_at_trigger", None)
     pending = pending if isinstance(pending, bool) else record.pending_at_trigger
@@ -299,5 +382,5 @@ async def _apply_policy(record: FieldRecord, ctx: LookupContext, hooks: Mapping[
         and read(out, "origin_source", MISSING) == record.origin_source
     )
     if not same:
-        return _demote(record, "field policy changed the value or its source")
+        return demote(record, "field policy changed the value or its source")
     return record.model_copy(update={"pending_at_trigger": pending, "note": note})

@@ -10,6 +10,7 @@ from preflight.records import ExecutionRecord
 
 if TYPE_CHECKING:
     from preflight.protect import SubjectKey
+    from preflight.replay import DecisionClaim
 
 
 @runtime_checkable
@@ -52,3 +53,17 @@ class KeyStore(Protocol):
     def key_by_id(self, kid: str) -> SubjectKey: ...
 
     def erase(self, subject: str | None) -> list[str]: ...
+
+
+@runtime_checkable
+class ReplayStore(Protocol):
+    """Where engines claim signed decisions before calling their tool (`preflight.replay`).
+
+    `claim` records the claim's nonce if no claim holds it yet and returns None -- the caller may call the
+    tool, once -- or returns why not (the nonce is taken, or the store cannot vouch for it), and the caller
+    calls nothing. It must be atomic (of two concurrent claims on one nonce, at most one gets None) and
+    durable before it returns None, across every engine that shares the store. A store that fails raises;
+    the caller treats that as a refusal. Claims are never released.
+    """
+
+    async def claim(self, claim: DecisionClaim) -> str | None: ...

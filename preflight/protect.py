@@ -11,14 +11,25 @@ hashes cover the ciphertext) and its tokens still compare.
 What a protected run seals (`protect_payload`; clear text is kept for names, ids, enums, counts,
 timestamps, sources and origins, which analysts count):
 
-* every field value (`field_resolved.field.value`, a known null included) and a deferred run's whole
-  `deferred_input` (it holds the instruction, the answers and the pre-set values);
+* every field value (`field_resolved.field.value`, a known null included), the value the model proposed
+  for it (`field_resolved.evidence.proposed`), and a deferred run's whole `deferred_input` (it holds the
+  instruction, the answers, the pre-set values and the proposal);
 * every member of a user-checklist item but its `id`, `status`, `source` and `verified_at`;
 * every piece of prose a value-seeing hook or an exception may have written: field notes and
   diagnostic notes, the gate's notes, checklist descriptions and diagnostic details, the fixed
-  checklist's issue details, every record `reason`, and an execution's error text;
+  checklist's issue details, every record `reason`, an execution's error text and its output check;
 * the intent fingerprint: an unkeyed digest of the instruction could be brute-forced back to a
-  low-entropy utterance ("pay 500 to 1234"); sealed, its token still tells a repeated utterance.
+  low-entropy utterance ("pay 500 to 1234"); sealed, its token still tells a repeated utterance;
+* the user's own words about the act: what they call it (C2, ``fixed/c2_user_action_name``), the tool
+  gate's reason, which may quote it (``fixed/c3_match/reason``, and ``gate/_diag/reason`` and
+  ``gate/_diag/user_action`` of a tool gate), and the adopter's readable action key
+  (``readable_action_key`` of ``tool_match_decided``), which is usually built from them.
+
+The **action key** itself is published as a keyed pseudonym (``ak1.<hex>``, `RunSealer.pseudonym`): an
+HMAC of the adopter's key under a key derived from the subject's. The same user's same key always maps to
+the same pseudonym -- one Kafka partition, one fold state, one tier-4 baseline -- while nothing in the
+log, the changelog or the projections spells the user's words; once the subject's key is erased, the
+pseudonym can no longer be linked to any key (a new key generation maps the user's keys afresh).
 
 Digests that cover values are *keyed* in a protected run (``hmac-sha256:<kid>:<hex>``: the arguments
 digest of an approved decision and of an admission assessment, and an execution's result digest): an
@@ -92,6 +103,8 @@ __all__ = [
 
 ALGORITHM = "aes-256-gcm/v1"
 TEXT_PREFIX = f"sealed:{ALGORITHM}:"
+#: A published action key that is a keyed pseudonym of the adopter's key (`RunSealer.pseudonym`).
+PSEUDONYM_PREFIX = "ak1."
 _SEALED_KEYS = frozenset({"sealed", "kid", "nonce", "ciphertext", "token"})
 _KID = re.compile(r"([0-9a-f]{32})\.([1-9][0-9]{0,9})")
 _TOKEN = re.compile(r"tk1\.[0-9a-f]{32}")
@@ -457,6 +470,7 @@ class _Keys:
         self._enc = _hkdf(secret, b"aes-256-gcm")
         self._token = _hkdf(secret, b"token")
         self._digest = _hkdf(secret, b"digest")
+        self._pseudonym = _hkdf(secret, b"action-key")
         self.cipher = aesgcm(bytes(self._enc))
 
     def token(self, plaintext: bytes) -> str:
@@ -465,8 +479,12 @@ class _Keys:
     def digest(self, data: Any) -> str:
         return f"hmac-sha256:{self.kid}:" + hmac.new(self._digest, canonical_json(data), hashlib.sha256).hexdigest()
 
+    def pseudonym(self, action_key: str) -> str:
+        mac = hmac.new(self._pseudonym, action_key.encode("utf-8", "surrogatepass"), hashlib.sha256)
+        return PSEUDONYM_PREFIX + mac.hexdigest()[:32]
+
     def wipe(self) -> None:
-        _wipe(self._enc, self._token, self._digest)
+        _wipe(self._enc, self._token, self._digest, self._pseudonym)
 
 
 def _aad(kid: str, run_id: str, slot: str, token: str) -> bytes:
@@ -553,6 +571,12 @@ class RunSealer:
         """A keyed digest of `data` (``hmac-sha256:<kid>:<hex>``): equal for equal data of this subject,
         and not computable, hence not reversible by trying values, without the subject's key."""
         return self._keys.digest(data)
+
+    def pseudonym(self, action_key: str) -> str:
+        """The published form of the adopter's `action_key` (``ak1.<32 hex>``): a keyed pseudonym under
+        this subject's key, the same for the same key and subject (so a key's runs share a partition and
+        a baseline), and unlinkable to the key once the subject's key is erased."""
+        return self._keys.pseudonym(action_key)
 
     def payload(self, event_type: str, payload: Mapping[str, Any]) -> dict[str, Any]:
         """`payload` of an event of `event_type` with every protected slot sealed (see the module doc)."""
@@ -656,6 +680,15 @@ class ValueProtector:
         sealer = self.sealer(subject, run_id)
         try:
             return sealer.text(text, slot)
+        finally:
+            sealer.close()
+
+    def pseudonym(self, action_key: str, *, subject: str | None) -> str:
+        """The published action key a protected engine uses now for `subject`'s `action_key` (to look
+        the key's runs up by the key an adopter's `build_action_key` returns)."""
+        sealer = self.sealer(subject, "")
+        try:
+            return sealer.pseudonym(action_key)
         finally:
             sealer.close()
 
@@ -769,7 +802,23 @@ def _gate(gate: Any, text: SealText) -> Any:
         for name in ("lookup_failures", "issues"):
             if name in diag:
                 diag[name] = _texts_in(diag[name], ("detail",), f"gate/_diag/{name}", text)
+        for name in ("user_action", "reason"):  # the tool gate's: what the user calls the act, and why
+            if isinstance(diag.get(name), str):
+                diag[name] = text(diag[name], f"gate/_diag/{name}")
         out["_diag"] = diag
+    return out
+
+
+def _fixed(fixed: Any, text: SealText) -> Any:
+    """The fixed checklist with the user's words sealed: C2, and the tool gate's reason (which may quote it)."""
+    if not isinstance(fixed, Mapping):
+        return fixed
+    out = dict(fixed)
+    if isinstance(out.get("c2_user_action_name"), str):
+        out["c2_user_action_name"] = text(out["c2_user_action_name"], "fixed/c2_user_action_name")
+    match = out.get("c3_match")
+    if isinstance(match, Mapping) and isinstance(match.get("reason"), str):
+        out["c3_match"] = {**match, "reason": text(match["reason"], "fixed/c3_match/reason")}
     return out
 
 
@@ -790,9 +839,20 @@ def protect_payload(event_type: str, payload: Mapping[str, Any], value: SealValu
     elif event_type == "fixed_checklist_resolved":
         if "issues" in out:
             out["issues"] = _texts_in(out["issues"], ("detail",), "fixed/issues", text)
+        if "fixed" in out:
+            out["fixed"] = _fixed(out["fixed"], text)
+    elif event_type == "tool_match_decided":
+        if isinstance(out.get("reason"), str):
+            out["reason"] = text(out["reason"], "fixed/c3_match/reason")
+        if isinstance(out.get("readable_action_key"), str):
+            out["readable_action_key"] = text(out["readable_action_key"], "readable_action_key")
     elif event_type == "field_resolved":
         if "field" in out:
             out["field"] = _field(out["field"], value, text)
+        evidence = out.get("evidence")
+        if isinstance(evidence, Mapping) and "proposed" in evidence and isinstance(out.get("field"), Mapping):
+            name = out["field"].get("name")
+            out["evidence"] = {**evidence, "proposed": value(evidence["proposed"], f"fields/{name}/proposed")}
     elif event_type == "checklist_item_verified":
         index = out.get("index")
         if "item" in out and isinstance(index, int):
@@ -810,6 +870,8 @@ def protect_payload(event_type: str, payload: Mapping[str, Any], value: SealValu
     elif event_type in ("executed", "execution_failed"):
         if isinstance(out.get("reason"), str):
             out["reason"] = text(out["reason"], "outcome/reason")
+        if isinstance(out.get("output_check"), str):  # a violation quotes the tool's output
+            out["output_check"] = text(out["output_check"], "outcome/output_check")
         if event_type == "execution_failed" and isinstance(out.get("error"), str):
             out["error"] = text(out["error"], "outcome/error")
     return out
@@ -817,6 +879,8 @@ def protect_payload(event_type: str, payload: Mapping[str, Any], value: SealValu
 
 def _record_slots(data: Mapping[str, Any], value: SealValue, text: SealText) -> dict[str, Any]:
     out = dict(data)
+    if out.get("fixed") is not None:
+        out["fixed"] = _fixed(out["fixed"], text)
     if isinstance(out.get("fields"), list):
         out["fields"] = [_field(f, value, text) for f in out["fields"]]
     out["user_checklist"] = _checklist(out.get("user_checklist"), value)

@@ -21,11 +21,15 @@ from pydantic import (
     model_serializer,
 )
 
-RECORD_SCHEMA_VERSION = "1.10"
+RECORD_SCHEMA_VERSION = "1.12"
 """Record shape version. 1.8 is the reference skeleton's last shape (c2_source, c3_match,
 lookup_failed); 1.9 adds the `tool_definition_incomplete` gate kind for a tool whose input schema
 never arrived; 1.10 adds the admission gate and the optional `admission` verdict (SPEC §4), present
-only on runs an engine built with `require_approval=True` assessed."""
+only on runs an engine built with `require_approval=True` assessed; 1.11 adds the `execution_refused` gate
+kind: a recorded `execute` decision that `execute_if_ready` refused to act on (replayed, altered, ...);
+1.12 adds the real call's arguments (SPEC §2.6): fields named by JSON Pointer for nested leaves, each
+field's `proposal` (only on runs given `proposed_arguments`), the `tool_definition_invalid` kind of the
+definition gate and the `proposal_rejected` gate."""
 
 UNKEYED_RECORD_KEY = "__preflight_unkeyed__"
 
@@ -36,6 +40,7 @@ Decision = Literal["execute", "ask_user", "hold", "deferred", "executed", "faile
 Source = Literal["user_answer", "instruction", "pre_set_data", "measured_data", "prior_state"]
 OriginSource = Literal["user_answer", "instruction", "pre_set_data", "measured_data"]
 C2Source = Literal["instruction", "pre_set_data"]
+Proposal = Literal["matched", "diverged", "absent"]
 
 _MODEL_CONFIG = ConfigDict(
     frozen=True,
@@ -68,13 +73,17 @@ class FieldRecord(BaseModel):
     lookup_failed: bool | None = None
     note: str | None = None
     diag_note: str | None = Field(default=None, alias="_diag_note")
+    #: Whether the settled value is what the model proposed (`matched`), not (`diverged`: another value, or
+    #: none: the model would have invented it), or the model proposed nothing for it (`absent`). Only on
+    #: runs given `proposed_arguments` (SPEC §2.6).
+    proposal: Proposal | None = None
 
     @model_serializer(mode="wrap")
     def _serialize(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         data: dict[str, Any] = handler(self)
         if self.status == "unknown":
             data.pop("value", None)
-        return _drop_none(data, ("pending_at_trigger", "lookup_failed", "note", "_diag_note"))
+        return _drop_none(data, ("pending_at_trigger", "lookup_failed", "note", "_diag_note", "proposal"))
 
 
 class C3Match(BaseModel):
@@ -155,14 +164,28 @@ class ToolGate(BaseModel):
 
 
 class DefinitionGate(BaseModel):
-    """The confirmed tool's definition is incomplete (its input schema never arrived).
+    """The confirmed tool's definition is incomplete (its input schema never arrived) or unusable (not a
+    valid JSON Schema, a `$ref` that points nowhere, too large to check).
 
     An action-definition gap, not a pass: no question to the user can supply a schema.
     """
 
     model_config = _MODEL_CONFIG
 
-    kind: Literal["tool_definition_incomplete"]
+    kind: Literal["tool_definition_incomplete", "tool_definition_invalid"]
+    user_message: str
+    diag: dict[str, JsonValue] = Field(alias="_diag")
+
+
+class ProposalGate(BaseModel):
+    """The model's proposed arguments cannot be a call of this tool: not a JSON object, an argument the
+    schema forbids, or too many or too deeply nested (`code`). Held: the agent must propose again; no
+    question to the user repairs a proposal, and nothing of it is ever silently dropped."""
+
+    model_config = _MODEL_CONFIG
+
+    kind: Literal["proposal_rejected"]
+    code: Literal["proposal_invalid", "proposal_too_large", "proposal_not_in_schema"]
     user_message: str
     diag: dict[str, JsonValue] = Field(alias="_diag")
 
@@ -210,6 +233,37 @@ class AdmissionVerdict(BaseModel):
         return _drop_none(handler(self), ("missing_arguments", "effect_status"))
 
 
+ExecutionRefusalCode = Literal[
+    "not_execute",
+    "state_unrecorded",
+    "state_altered",
+    "tool_mismatch",
+    "decision_unverified",
+    "decision_replayed",
+    "replay_store_unavailable",
+]
+
+
+class ExecutionGate(BaseModel):
+    """`execute_if_ready` refused to act on a recorded `execute` decision: nothing was called.
+
+    `code` says why (`decision_replayed`: another call already claimed it; `decision_unverified`: its
+    signature, key or validity period fails; `state_altered`: the state is not the decision recorded;
+    `state_unrecorded`: no trusted record of it; `tool_mismatch`: another tool was given;
+    `replay_store_unavailable`: no claim could be made). Recorded as a run of its own, under the decision's
+    action key, so that an attempt to execute a decision twice is in the log like any other hold.
+    """
+
+    model_config = _MODEL_CONFIG
+
+    kind: Literal["execution_refused"]
+    code: ExecutionRefusalCode
+    user_message: str
+    decision_id: str | None
+    decided_run_id: str | None
+    diag: dict[str, JsonValue] = Field(alias="_diag")
+
+
 def _gate_tag(value: Any) -> str:
     kind = value.get("kind") if isinstance(value, dict) else getattr(value, "kind", None)
     if kind in ADMISSION_GATE_KINDS:
@@ -218,8 +272,12 @@ def _gate_tag(value: Any) -> str:
         return "intent"
     if kind in ("tool_undetermined", "tool_undetermined_exhausted"):
         return "tool"
-    if kind == "tool_definition_incomplete":
+    if kind in ("tool_definition_incomplete", "tool_definition_invalid"):
         return "definition"
+    if kind == "proposal_rejected":
+        return "proposal"
+    if kind == "execution_refused":
+        return "execution"
     return "value"
 
 
@@ -228,7 +286,9 @@ Gate = Annotated[
     | Annotated[IntentGate, Tag("intent")]
     | Annotated[ToolGate, Tag("tool")]
     | Annotated[DefinitionGate, Tag("definition")]
-    | Annotated[AdmissionGate, Tag("admission")],
+    | Annotated[AdmissionGate, Tag("admission")]
+    | Annotated[ExecutionGate, Tag("execution")]
+    | Annotated[ProposalGate, Tag("proposal")],
     Discriminator(_gate_tag),
 ]
 

@@ -33,7 +33,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -413,6 +413,19 @@ class DecisionVerifier:
         return self.check_signature(decision) or self.check_times(decision, now or self._clock())
 
 
+class Nonced(Protocol):
+    """What the replay cache reads of a decision (a `SignedDecision` or a `preflight.replay.DecisionClaim`)."""
+
+    @property
+    def nonce(self) -> str: ...
+
+    @property
+    def decision_id(self) -> str: ...
+
+    @property
+    def issued_at(self) -> str: ...
+
+
 class ReplayCache:
     """The nonces of decisions already acted on, at most `limit` of them.
 
@@ -430,7 +443,7 @@ class ReplayCache:
     def __len__(self) -> int:
         return len(self._seen)
 
-    def refusal(self, decision: SignedDecision) -> str | None:
+    def refusal(self, decision: Nonced) -> str | None:
         """Why `decision` must not be acted on as a fresh one (None if its nonce is unseen)."""
         used = self._seen.get(decision.nonce)
         if used is not None:
@@ -442,7 +455,7 @@ class ReplayCache:
             return "the decision is older than the replay window; it cannot be checked for replay"
         return None
 
-    def consume(self, decision: SignedDecision) -> str | None:
+    def consume(self, decision: Nonced) -> str | None:
         """Record `decision`'s nonce as used; returns the refusal instead if it cannot be used."""
         refusal = self.refusal(decision)
         if refusal is not None:

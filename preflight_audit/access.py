@@ -231,10 +231,20 @@ class _Opener:
         return UNREADABLE, UNREADABLE
 
 
+#: The protected slots of the fixed checklist's sealed cells in `responsibility` (slot, column -> slot).
+_FIXED_SLOTS = {
+    ("c2_user_action_name", "answer"): "fixed/c2_user_action_name",
+    ("c3_provider_action_name", "detail"): "fixed/c3_match/reason",
+}
+
+
 def _slots(query: str, column: str, kind: str, row: Mapping[str, Any]) -> list[str]:
     name = row.get("field") if query == "provenance" else row.get("slot")
     if query == "responsibility" and row.get("checklist") == "run":
         return ["reason", "outcome/reason"]
+    if query == "responsibility" and row.get("checklist") == "fixed":
+        slot = _FIXED_SLOTS.get((str(name), column))
+        return [slot] if slot is not None else []
     if query == "responsibility" and row.get("checklist") == "user":
         index = row.get("item_index")
         return [f"user_checklist/{index}/note"] if index is not None else []

@@ -574,6 +574,102 @@ def status(
         raise typer.Exit(EXIT_FAILURE)
 
 
+# ---- gateway ----------------------------------------------------------------------------------------------
+
+gateway_app = typer.Typer(
+    help="The MCP gateway: every tools/call of an MCP client through the preflight (see the README).",
+    no_args_is_help=False,
+    invoke_without_command=True,
+)
+app.add_typer(gateway_app, name="gateway")
+
+
+@gateway_app.callback(invoke_without_command=True)
+@_reported
+def gateway(
+    ctx: typer.Context,
+    config: Annotated[Path, typer.Option("--config", help="the gateway's settings file (TOML)", dir_okay=False)] = Path(
+        "preflight-gateway.toml"
+    ),
+    http: Annotated[
+        bool, typer.Option("--http", help="serve streamable HTTP (bearer tokens) instead of stdio")
+    ] = False,
+    host: Annotated[str, typer.Option(help="HTTP: where to listen")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=1, max=65535, help="HTTP: the port")] = 8765,
+) -> None:
+    """Serve the MCP gateway over stdio (an MCP client starts it) or streamable HTTP, until stopped.
+
+    Events go to the configured broker (an embedded one is started when PREFLIGHT_BROKER names none).
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    from gateway.run import run_gateway
+    from gateway.settings import GatewaySettingsError
+    from preflight_audit.errors import ConfigurationError
+    from preflight_audit.keys import protector, settings_decision_key
+    from preflight_audit.services import interruptible
+
+    settings = _settings(ctx)
+    signing = settings_decision_key(settings)
+    settings.log_dir.mkdir(parents=True, exist_ok=True)
+    with interruptible(), settings.open_broker(log_dir=settings.log_dir) as running:
+        from infra.brokers import create_topics
+
+        bootstrap = running.bootstrap_servers
+        asyncio.run(create_topics(bootstrap, [settings.events_topic], settings.events_partitions))
+        try:
+            asyncio.run(
+                run_gateway(
+                    config,
+                    bootstrap=bootstrap,
+                    topic=settings.events_topic,
+                    baseline_url=f"http://{settings.web_host}:{settings.web_port}",
+                    signer=signing.signer(),
+                    protector=protector(settings.key_dir),
+                    transport="http" if http else "stdio",
+                    host=host,
+                    port=port,
+                )
+            )
+        except GatewaySettingsError as exc:
+            raise ConfigurationError(str(exc)) from None
+
+
+@gateway_app.command("init")
+@_reported
+def gateway_init(
+    client_config: Annotated[
+        Path, typer.Argument(help="the MCP client's configuration (JSON with mcpServers)", dir_okay=False)
+    ],
+    out: Annotated[Path, typer.Option("--out", help="where to write the gateway's settings", dir_okay=False)] = Path(
+        "preflight-gateway.toml"
+    ),
+    client_out: Annotated[
+        Path | None, typer.Option("--client-out", help="write the client configuration here (default: print it)")
+    ] = None,
+    user: Annotated[str, typer.Option(help="the user whose calls these are")] = "local-user",
+) -> None:
+    """Write the gateway's settings from an MCP client's configuration, and the client entry that points at it."""
+    import json
+
+    from gateway.init import init_gateway
+    from gateway.settings import GatewaySettingsError
+    from preflight_audit.errors import ConfigurationError
+
+    try:
+        client = init_gateway(client_config, out, user=user)
+    except GatewaySettingsError as exc:
+        raise ConfigurationError(str(exc)) from None
+    text = json.dumps(client, indent=2) + "\n"
+    if client_out is None:
+        typer.echo(text, nl=False)
+    else:
+        if client_out.exists():
+            raise ConfigurationError(f"{client_out} exists: not overwritten")
+        client_out.write_text(text, encoding="utf-8")
+    _err().print(f"wrote {out}; point the client at the gateway with the configuration above", soft_wrap=True)
+
+
 def main() -> None:
     """The console script's entry point."""
     app(prog_name="preflight-audit")

@@ -67,6 +67,7 @@ from preflight_audit.scenarios import (
     generate_sessions,
     play,
     play_all,
+    readable_action_key,
     seed_sessions,
     tally,
 )
@@ -394,7 +395,8 @@ def _report(console: Console, result: DemoReport, values: ValueProtector) -> Non
     console.print(
         report.result_table(
             decided,
-            title=f"Provenance of {inherited.action_key} (query provenance, action_key=...; compliance view)",
+            title=f"Provenance of {readable_action_key(inherited.record)} (query provenance,"
+            f" action_key={inherited.action_key}, its published pseudonym; compliance view)",
             columns=(
                 "run_id",
                 "decided",
@@ -484,8 +486,13 @@ def _ledger_and_erasure(console: Console, result: DemoReport, values: ValueProte
     console.print(f"verify: ok, {report_.events} events, {report_.digests} digests")
 
     user_runs = [r for s in result.seeds.values() if s.session.user_id == ERASED_USER for r in s.runs]
+    # The user's plaintext values, and their own words about the act: what they call it (C2) and the readable
+    # action key built from it (the published key is a pseudonym).
+    words = {r.record.fixed.c2_user_action_name for r in user_runs if r.record.fixed is not None}
+    keys_read = {readable_action_key(r.record) for r in user_runs if r.record.fixed is not None}
     plaintexts = sorted(
         {f.value for r in user_runs for f in r.record.fields or () if f.status == "known" and isinstance(f.value, str)}
+        | {w for w in words | keys_read if w}
     )
     inherited = result.seeds[INHERITED].final
     raw = _provenance_rows(result.database, inherited.run_id)
@@ -529,8 +536,8 @@ def _ledger_and_erasure(console: Console, result: DemoReport, values: ValueProte
     result.control_hits = content.count(control)
     console.print(
         f"byte search of {result.database.name}: {result.plaintext_hits} hits for {ERASED_USER}'s"
-        f" {len(plaintexts)} plaintext values (control: {result.control_hits} hits for its action key, stored in"
-        " clear)\n"
+        f" {len(plaintexts)} plaintext values and words (control: {result.control_hits} hits for its published"
+        " action key, a pseudonym stored in clear)\n"
     )
     if not plaintexts or result.plaintext_hits or not result.control_hits:
         raise DemoExpectationError(

@@ -306,6 +306,15 @@ def build_action_key(user_id: str | None, fixed: Mapping[str, Any]) -> str:
     return f"{user_id}:{fixed['c3_provider_action_name']}:{action}"
 
 
+def readable_action_key(record: ExecutionRecord) -> str | None:
+    """The action key `build_action_key` made for a record's run (the caller's plaintext record): what a
+    protected engine publishes as a pseudonym, and what the demo shows compliance."""
+    if record.fixed is None or record.fixed.c2_user_action_name is None:
+        return None
+    user = record.run_events[0].user_id if record.run_events else None
+    return build_action_key(user, record.fixed.model_dump(mode="json"))
+
+
 def apply_field_policy(record: dict[str, Any], ctx: LookupContext) -> dict[str, Any]:
     name = record["name"]
     if record.get("source") == "prior_state" and name not in INHERITABLE:

@@ -162,6 +162,7 @@ RUNS = TableSpec(
         ("decision_signature", _S),
         ("decision_signature_check", _S),
         ("decision_signature_problem", _S),
+        ("readable_action_key", _S),  # sealed in a protected run (migration 007)
     ),
 )
 FIELDS = TableSpec(
@@ -636,6 +637,7 @@ def _run_columns(parts: _RunParts) -> tuple[Columns, list[StoredRun]]:
         "gap_class": [b["gap_class"] if b is not None else None for b in blocked],
         "decision_tool": tools,
         **signed,
+        "readable_action_key": [m.get("readable_action_key") if m is not None else None for m in matched],
     }
     issued = [v if type(v) is str else None for v in signed["decision_issued_at"]]
     expires = [v if type(v) is str else None for v in signed["decision_expires_at"]]

@@ -294,7 +294,7 @@ def load_offsets(con: duckdb.DuckDBPyConnection, projection: str, topic: str) ->
 
 
 def record_start(con: duckdb.DuckDBPyConnection, projection: str) -> int:
-    """Record that a projector of `projection` starts on this database (migration 007); how many starts
+    """Record that a projector of `projection` starts on this database (migration 008); how many starts
     the projection has had, this one included."""
     con.execute(sql("record_start"), {"projection": projection, "pid": os.getpid()})
     row = con.execute(sql("count_starts"), {"projection": projection}).fetchone()

@@ -2,7 +2,9 @@
 -- no origin or an origin of prior_state; an execution without an execute decision (projected, or
 -- refused into dead_letters); an execution without a valid signed decision (refused into dead_letters:
 -- unsigned, signed by an untrusted key, a signature that does not verify, or outside the decision's
--- validity period); a run whose archived events do not match its closing event (count,
+-- validity period); an attempt to execute a recorded decision that the engine refused (a replay of a
+-- spent decision, an altered or unverifiable one: `execution_refused`, by refusal code); a run whose
+-- archived events do not match its closing event (count,
 -- seq, hash links, last hash); archived events of no projected run; a value inherited from a baseline
 -- run of another action_key (tier 4 only reads the key's own). An empty result is a clean log.
 -- param action_key VARCHAR optional: only runs under this action_key
@@ -60,6 +62,12 @@ findings AS (
     WHERE d.code IN ('unsigned_decision', 'untrusted_decision_key', 'bad_decision_signature', 'unchecked_decision',
                      'expired_decision', 'decision_not_yet_valid', 'invalid_decision_period', 'undated_outcome')
       AND ($action_key IS NULL OR CAST(d.message_key AS VARCHAR) = $action_key)
+    UNION ALL
+    SELECT 'execution_refused', g.run_id, g.action_key, json_extract_string(g.gate, '$.code'),
+           'refused to execute decision ' || coalesce(json_extract_string(g.gate, '$.decision_id'), '(none)')
+           || ' of run ' || coalesce(json_extract_string(g.gate, '$.decided_run_id'), '(none)')
+    FROM gate_decisions AS g
+    WHERE g.kind = 'execution_refused' AND ($action_key IS NULL OR g.action_key = $action_key)
     UNION ALL
     SELECT 'missing_events', r.run_id, r.action_key, NULL,
            printf('archive holds %d event(s); the run has %d (%d closed%s)',

@@ -54,6 +54,8 @@ slots AS (
            END,
            CASE
                WHEN s.gate_name = 'tool_definition' THEN 'definition incomplete: input schema missing'
+               -- a protected run's reason is sealed (it may quote the user's words): the sealed text alone
+               WHEN s.c3_approved IS NOT NULL AND starts_with(s.c3_reason, 'sealed:') THEN s.c3_reason
                WHEN s.c3_approved IS NOT NULL THEN
                    'tool gate ' || CASE WHEN s.c3_approved THEN 'confirmed' ELSE 'refused' END
                    || coalesce(': ' || s.c3_reason, '')

@@ -1,2 +1,2 @@
--- A projector starts on this database (see migration 007); then how many starts its projection has had.
+-- A projector starts on this database (see migration 008); then how many starts its projection has had.
 INSERT INTO projector_starts (projection, pid) VALUES ($projection, $pid);

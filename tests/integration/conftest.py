@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 
 from infra.brokers import Broker, broker_from_env, create_topics, delete_topics
+from infra.postgres import PostgresServer
 from projections.dlq import default_dead_letter_topic
 
 
@@ -40,3 +41,10 @@ async def topic(broker: Broker, topic_name: str, request: pytest.FixtureRequest)
         yield topic_name
     finally:
         await delete_topics(broker.bootstrap_servers, [topic_name, default_dead_letter_topic(topic_name)])
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    """A real PostgreSQL server on a loopback port for the session (Debian's package; `make services`)."""
+    with PostgresServer() as server:
+        yield server

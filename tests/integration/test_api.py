@@ -72,6 +72,11 @@ class Projected:
     def protector(self) -> ValueProtector:
         return ValueProtector(FileKeyStore(self.keys))
 
+    def landlord_key(self) -> str:
+        """The landlord transfer's published action key: in these protected runs, the keyed pseudonym of the
+        adopter's key (`preflight.protect`), which compliance computes with the key store."""
+        return self.protector().pseudonym(LANDLORD_KEY, subject="u_01")
+
     def app(self, tokens: TokenTable = TOKENS, keys: Path | None = None) -> Any:
         return create_app(self.db, tokens=tokens, protector=ValueProtector(FileKeyStore(keys or self.keys)))
 
@@ -153,8 +158,8 @@ class TestProvenance:
         assert set(body["columns"]) >= set(to_account) and len(body["columns"]) == len(to_account)
         assert to_account["value_protection"] == "opened"  # sealed in the database, opened for compliance
 
-    def test_by_action_key(self, client: TestClient) -> None:
-        body = client.get("/provenance", params={"action_key": LANDLORD_KEY}).json()
+    def test_by_action_key(self, client: TestClient, projected: Projected) -> None:
+        body = client.get("/provenance", params={"action_key": projected.landlord_key()}).json()
         assert body["count"] == 9
         assert {(r["decision"], r["outcome"]) for r in body["rows"]} == {("ask_user", None), ("execute", "executed")}
 
@@ -283,7 +288,7 @@ class TestViews:
         texts = []
         inherited, asked = projected.seeds[INHERITED].final, projected.seeds[ASKED].final
         for route, params in [
-            ("/provenance", {"action_key": LANDLORD_KEY}),
+            ("/provenance", {"action_key": projected.landlord_key()}),
             *[("/provenance", {"run_id": r.run_id}) for s in projected.plain.values() for r in s.runs],
             *[("/responsibility", {"run_id": r.run_id}) for s in projected.seeds.values() for r in s.runs],
             *[("/responsibility", {"run_id": r.run_id}) for s in projected.plain.values() for r in s.runs],
@@ -292,12 +297,16 @@ class TestViews:
             assert response.status_code == 200, (route, params, response.text)
             texts.append(response.text)
         everything = "\n".join(texts)
-        runs = [r for s in [*projected.seeds.values(), *projected.plain.values()] for r in s.runs]
         values = projected.values()
         assert {"2200119", "1102534471", "500000", "3344-556-77", "3301987722"} <= values
         # A value the user's own words also put into the action's name (the payee "electricity" in C2 "pay the
-        # electricity bill", and so in the action_key) is readable there by design: names are not sealed.
-        named = " ".join(f"{r.action_key} {r.record.fixed.c2_user_action_name if r.record.fixed else ''}" for r in runs)
+        # electricity bill", and so in the action_key) is readable there only for runs recorded without
+        # protection; a protected run seals C2 and publishes a pseudonym of the key.
+        named = " ".join(
+            f"{r.action_key} {r.record.fixed.c2_user_action_name if r.record.fixed else ''}"
+            for s in projected.plain.values()
+            for r in s.runs
+        )
         # Whole values only: an amount such as 120000 may also be the microseconds of a timestamp (".120000").
         leaked = sorted(
             v for v in values if re.search(rf"(?<![\w.:-]){re.escape(v)}(?![\w])", everything) and v not in named
@@ -325,6 +334,11 @@ class TestViews:
         inherited, plain = projected.seeds[INHERITED].final, projected.plain[WRITE_APPROVED].final
         slots = rows_by(client.get("/responsibility", params={"run_id": inherited.run_id}).json(), "slot")
         assert slots["to_account"]["answer"] == '"2200119"' and slots["amount"]["answer"] == "500000"
+        # The user's words about the act, sealed in the database, opened for compliance.
+        assert inherited.record.fixed is not None
+        assert slots["c2_user_action_name"]["answer"] == inherited.record.fixed.c2_user_action_name
+        assert inherited.record.fixed.c3_match is not None
+        assert slots["c3_provider_action_name"]["detail"] == inherited.record.fixed.c3_match.reason
         rows = rows_by(client.get("/provenance", params={"run_id": plain.run_id}).json(), "field")
         assert (rows["to_account"]["value"], rows["to_account"]["value_protection"]) == ("3344-556-77", "plaintext")
 

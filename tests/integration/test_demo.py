@@ -192,13 +192,17 @@ class TestTheDemo:
         assert all(r[3] == "erased" for name, r in rows.items() if name in ("from_account", "amount", "to_account"))
         assert re.search(r"^erase: u_01, 1 key generation\(s\) destroyed at ", demo.output, flags=re.M)
         search = re.search(
-            r"byte search of audit\.duckdb: (\d+) hits for u_01's (\d+) plaintext values \(control: (\d+)", demo.output
+            r"byte search of audit\.duckdb: (\d+) hits for u_01's (\d+) plaintext values and words \(control: (\d+)",
+            demo.output,
         )
         assert search, demo.output
         hits, values, control = (int(g) for g in search.groups())
-        assert (hits, values) == (0, 2) and control > 0
+        # two values, the user's words about the act (C2) and the readable action key built from them
+        assert (hits, values) == (0, 4) and control > 0
         data = (demo.out / "audit.duckdb").read_bytes()
-        assert b"2200119" not in data and b"u_01:bank.transfer" in data  # checked here too, not only by the demo
+        for plaintext in (b"2200119", b"send money to my landlord", b"u_01:bank.transfer"):  # checked here too
+            assert plaintext not in data, plaintext
+        assert b"ak1." in data  # the published action keys: pseudonyms, stored in clear
 
     def test_the_chart_is_a_png(self, demo: Demo) -> None:
         data = (demo.out / "gap-rates.png").read_bytes()

@@ -114,12 +114,23 @@ class Values:
     to_account: str
     from_account: str
     canary: str  # only in a deferred run's instruction and answers
+    act: str  # the user's own word in what they call the act (C2), and so in the adopter's action key
 
     @classmethod
     def fresh(cls, tag: str) -> Values:
         suffix = uuid.uuid4().hex[:12].upper()
         amount = 10**12 + uuid.uuid4().int % (9 * 10**12)
-        return cls(amount, f"TO-{tag}-{suffix}", f"FROM-{tag}-{suffix}", f"CANARY-{tag}-{uuid.uuid4().hex}")
+        return cls(
+            amount,
+            f"TO-{tag}-{suffix}",
+            f"FROM-{tag}-{suffix}",
+            f"CANARY-{tag}-{uuid.uuid4().hex}",
+            f"ACT-{tag}-{uuid.uuid4().hex[:16]}",
+        )
+
+    def action_name(self) -> str:
+        """C2: what the user calls the act, in their own words."""
+        return f"pay the rent for {self.act}"
 
     def fields(self) -> dict[str, Any]:
         return {"from_account": self.from_account, "amount": self.amount, "to_account": self.to_account}
@@ -156,6 +167,11 @@ class Played:
     def executed_run_id(self) -> str:
         assert self.executed.run_ref is not None
         return self.executed.run_ref.run_id
+
+
+def _key_of_the_words(user_id: str | None, fixed: Mapping[str, Any]) -> str:
+    """The adopter's action key, built (as adopters do) from the user's words about the act."""
+    return f"{user_id}:{fixed['c3_provider_action_name']}:{fixed['c2_user_action_name']}"
 
 
 def _over_the_limit(value: Any, schema: Any, ctx: Any) -> str | None:
@@ -484,6 +500,26 @@ def deferred_inputs(db: Path, protector: ValueProtector, run_ids: Mapping[str, s
     return opened
 
 
+def action_names(db: Path, protector: ValueProtector, run_ids: Mapping[str, str]) -> dict[str, Any]:
+    """Each run's C2 as compliance opens it from the archived `fixed_checklist_resolved` event: user ->
+    (the words, or None when they stay sealed; the slots that stayed sealed because their key was erased)."""
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        opened = {}
+        for user, run_id in run_ids.items():
+            row = con.execute(
+                "SELECT event FROM archive WHERE run_id = $run AND event_type = 'fixed_checklist_resolved'",
+                {"run": run_id},
+            ).fetchone()
+            assert row is not None, user
+            body = open_event_body(json.loads(row[0]), protector)
+            words = body.body["fixed"]["c2_user_action_name"]
+            opened[user] = (None if is_sealed(words) else words, body.erased)
+    finally:
+        con.close()
+    return opened
+
+
 def export_values_opened(exported: Path, protector: ValueProtector) -> dict[str, dict[str, int]]:
     """The sealed field values of an export's `field_provenance.parquet`, opened with the key store: per
     user, how many opened and how many were erased."""
@@ -527,9 +563,13 @@ class TestErasureReachesEveryCopy:
                 sealing = protector if user in PROTECTED else None
 
                 def make(
-                    sealing: ValueProtector | None = sealing, require_approval: bool = False, **overrides: Hook
+                    sealing: ValueProtector | None = sealing,
+                    require_approval: bool = False,
+                    words: str = values[user].action_name(),
+                    **overrides: Hook,
                 ) -> Preflight:
-                    hooks = sc.hooks(**overrides)
+                    hooks = sc.hooks(**{"extract_user_action_name": lambda i: words, **overrides})
+                    hooks["build_action_key"] = _key_of_the_words
                     return create_preflight(
                         hooks=hooks, storage=storage, sink=sink, protector=sealing, require_approval=require_approval
                     )
@@ -581,6 +621,10 @@ class TestErasureReachesEveryCopy:
         views_after, api_after = compliance_answers(db, protector, executed_runs)
         assert views_after[ERASED] == {k: (ERASED_MARKER, ERASED_MARKER) for k in values[ERASED].fields()}
         assert views_after[KEPT] == views_before[KEPT]
+        words_after = action_names(db, protector, executed_runs)
+        assert words_after[ERASED] == (None, ("fixed/c2_user_action_name",))
+        assert words_after[KEPT] == (values[KEPT].action_name(), ())
+        assert words_after[PLAIN] == (values[PLAIN].action_name(), ())
         inputs_after = deferred_inputs(db, protector, deferred_runs)
         assert inputs_after[ERASED][1] == ("deferred_input",) and is_sealed(inputs_after[ERASED][0])
         assert inputs_after[KEPT] == inputs_before[KEPT]
@@ -635,8 +679,11 @@ class TestErasureReachesEveryCopy:
             "export re-encoded uncompressed (bytes)": plain_copy,
             **{name: {name: texts} for name, texts in elsewhere.items()},
         }
-        protected = erased_needles + kept_needles + protected_digests
+        acts = [values[ERASED].act.encode(), values[KEPT].act.encode()]
+        protected = erased_needles + kept_needles + protected_digests + acts
         leaks = {name: found(haystacks, protected) for name, haystacks in searches.items()}
+        control_act = [values[PLAIN].act.encode()]
+        act_controls = {name: found(haystacks, control_act) for name, haystacks in searches.items()}
         controls = {name: found(haystacks, control_needles) for name, haystacks in searches.items()}
         print(
             f"searched {len(erased_needles)} values of {ERASED} and {len(kept_needles)} of {KEPT}, and"
@@ -646,8 +693,22 @@ class TestErasureReachesEveryCopy:
         print_coverage("DuckDB decoded", db_decoded_after, controls["DuckDB decoded after erase"])
         print_coverage("export decoded", exports["after"], controls["export after erase (decoded)"])
 
-        # No plaintext of a protected user, anywhere, before or after the erasure.
+        # No plaintext of a protected user, anywhere, before or after the erasure -- their words about the act
+        # (C2, and the action key built from them) included.
         assert {name: hits for name, hits in leaks.items() if hits} == {}
+        # The same searches find the control's words about the act where an unprotected run keeps them: the
+        # Kafka key and its events, the changelog's keys, the database's action keys and C2, the exports.
+        for name in (
+            "events topic",
+            "changelog topic",
+            "DuckDB decoded before erase",
+            "DuckDB decoded after erase",
+            "export before erase (decoded)",
+            "export after erase (decoded)",
+            "export re-encoded uncompressed (bytes)",
+        ):
+            assert act_controls[name], name
+        assert {"runs.c2_user_action_name", "runs.action_key"} <= places_of(act_controls["DuckDB decoded after erase"])
         # The very same searches find the control's plaintext: in every topic (the changelog's baselines and
         # the dead letters hold an executed run: its fields, not the deferred canary), in every value-bearing
         # column of the database (tables and a view) and of both exports, as bytes where nothing compresses

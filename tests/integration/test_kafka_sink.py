@@ -37,7 +37,7 @@ from preflight import (
     rebuild_record,
 )
 from preflight.adapters.kafka import KafkaEventSink, PublishError, SinkStartError
-from preflight.events import decode_message, encode_message
+from preflight.events import EVENT_SCHEMA_VERSION, decode_message, encode_message
 from tests.contract.storage_contract import EventSinkContract, ReadBack
 from tests.unit import scenario as sc
 
@@ -182,7 +182,7 @@ class TestKafkaEventSink:
         assert run.value == encode_message(state.run_events)  # the engine's bytes, not re-encoded
         assert run.headers == {
             "event_type": b"run_closed",
-            "schema_version": b"1",
+            "schema_version": str(EVENT_SCHEMA_VERSION).encode(),
             "event_count": str(len(state.run_events)).encode(),
             "run_id": state.run_events[0].run_id.encode(),
         }
@@ -361,8 +361,11 @@ class TestNoRecordNoExecution:
 
                 unrecorded = await pf.run(sc.transfer(user_answers=READY))
                 assert unrecorded.execution_decision == "execute"
-                held = await pf.execute_if_ready(unrecorded, sc.BANK_TOOL, call_tool)
-                assert held.status == "held" and calls == []
+                # Held, nothing called; its refusal cannot be recorded either, so the caller is told so.
+                with pytest.raises(RecordingError, match="refused") as refused:
+                    await pf.execute_if_ready(unrecorded, sc.BANK_TOOL, call_tool)
+                held = refused.value.outcome
+                assert getattr(held, "status", None) == "held" and calls == []
 
                 # The recorded decision may run, but its outcome cannot be recorded: the caller is told,
                 # with what happened, so that it reconciles instead of retrying.

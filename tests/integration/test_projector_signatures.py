@@ -208,7 +208,8 @@ class TestMigration005:
         try:
             migrate_to(con, 4)
             tables = to_arrow(plan)
-            tables["runs"] = tables["runs"].drop_columns([*SIGNED_COLUMNS, *VERDICT_COLUMNS])
+            # The runs as the projector of version 4 wrote them: without 005's columns, nor later ones.
+            tables["runs"] = tables["runs"].drop_columns([*SIGNED_COLUMNS, *VERDICT_COLUMNS, "readable_action_key"])
             write_batch(con, tables, expected_events=plan.archived)
             assert migrate(con) == [m.name for m in migrations()[4:]]
         finally:

@@ -61,8 +61,9 @@ def _plaintexts(values: dict[str, Any]) -> list[bytes]:
     return [str(v).encode() for v in values.values()]
 
 
-def _key(user: str) -> str:
-    return f"{user}:bank.transfer"
+def _key(user: str, protector: ValueProtector) -> str:
+    """The user's transfer key as a protected engine publishes it: a pseudonym under the user's current key."""
+    return protector.pseudonym(f"{user}:bank.transfer", subject=user)
 
 
 def _run_id(record: ExecutionRecord) -> str:
@@ -119,6 +120,7 @@ class TestProtectedValuesEndToEnd:
         needles = [*_plaintexts(values[ERASED]), *_plaintexts(values[KEPT]), secret_words.encode()]
         store = FileKeyStore(tmp_path / "keys")
         protector = ValueProtector(store)
+        erased_key = _key(ERASED, protector)  # the key its runs are published under, before the erasure
         messages = 0
 
         async with KafkaEventSink(rig.bootstrap, rig.settings.events_topic) as sink:
@@ -161,12 +163,12 @@ class TestProtectedValuesEndToEnd:
                     _run_id(first[user]),
                 )
                 messages += 1
-            served = await storage.load(_key(ERASED))  # a reader without keys gets the baseline sealed
+            served = await storage.load(erased_key)  # a reader without keys gets the baseline sealed
             assert served is not None and all(is_sealed(f.value) for f in served.fields or ())
-            opened = await BaselineStorage(rig.base_url, sink, protector=protector).load(_key(ERASED))
+            opened = await BaselineStorage(rig.base_url, sink, protector=protector).load(erased_key)
             assert opened is not None
             assert {f.name: f.value for f in opened.fields or ()} == values[ERASED]
-            http_before = json.dumps(await rig.baseline(_key(ERASED))).encode()
+            http_before = json.dumps(await rig.baseline(erased_key)).encode()
 
             # 3. Nothing in plaintext anywhere the values travelled, before any erasure.
             await rig.wait_caught_up()
@@ -200,14 +202,14 @@ class TestProtectedValuesEndToEnd:
             messages += 1
             assert kept.execution_decision == "execute"
             assert {f.name: f.value for f in kept.fields or ()} == values[KEPT]
-            withheld = await BaselineStorage(rig.base_url, sink, protector=protector).load(_key(ERASED))
+            withheld = await BaselineStorage(rig.base_url, sink, protector=protector).load(erased_key)
             assert withheld is not None and withheld.known_field("to_account") is None
 
         # 6. The log read back from the broker still verifies; with the keys, the erased values are reported.
         await rig.wait_caught_up()
         events_after = await _read_topic(rig.bootstrap, rig.settings.events_topic, lambda r: len(r) >= messages)
         changelog_after = await _read_topic(rig.bootstrap, rig.settings.changelog_topic, lambda r: True)
-        http_after = json.dumps(await rig.baseline(_key(ERASED))).encode()
+        http_after = json.dumps(await rig.baseline(erased_key)).encode()
         assert len(events_after) == messages
         erased_run = _run_id(first[ERASED])
         run_events = [

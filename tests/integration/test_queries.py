@@ -115,6 +115,16 @@ async def _build(broker: Broker, db: Path) -> Log:
             thin = {k: v for k, v in sc.BANK_TOOL.items() if k != "inputSchema"}
             g1 = await engine().run_and_record(sc.transfer(user_id="u_07", agent_id="agent-d", tool=thin))
             log.runs["G1"] = g1.run_events[0].run_id
+
+            # u_08: executed, then the same decision handed back: refused as a replay, and recorded as a run.
+            once = engine()
+            h1 = await once.run_and_record(sc.transfer(user_id="u_08", agent_id="agent-e", user_answers=READY))
+            log.runs["H1"] = h1.run_events[0].run_id
+            log.decision_ids["H1"] = next(e for e in h1.run_events if e.event_type == "execution_approved").decision_id
+            assert (await once.execute_if_ready(h1, sc.BANK_TOOL, lambda n, a: {"ok": True})).status == "executed"
+            again = await once.execute_if_ready(h1, sc.BANK_TOOL, lambda n, a: {"ok": True})
+            assert again.status == "held" and again.refusal is not None
+            log.runs["H2"] = again.refusal.run_events[0].run_id
             positions = list(sink.acked_positions().values())
 
         # An outcome forged for A1, which was only asked: refused into dead_letters.
@@ -287,7 +297,9 @@ class TestGapRates:
         assert (c["runs"], c["configuration_defects"], c["instruction_gaps"]) == (3, 1, 1)
         d = rows[("bank.transfer", "agent-d")]
         assert (d["runs"], d["action_definition_gaps"]) == (2, 1)
-        assert sum(r["runs"] for r in rows.values()) == 12
+        e = rows[("bank.transfer", "agent-e")]
+        assert (e["runs"], e["executes"], e["unmet_conditions"]) == (2, 1, 1)  # the refused replay
+        assert sum(r["runs"] for r in rows.values()) == 14
 
     def test_days_restrict_the_groups(self, con: duckdb.DuckDBPyConnection) -> None:
         days = {r["day"] for r in run(con, "gap_rates")}
@@ -324,8 +336,9 @@ class TestReaskLoops:
             "u_03:bank.transfer",
             "u_06:bank.transfer",
             "u_07:bank.transfer",
+            "u_08:bank.transfer",
         }
-        assert sum(e["runs"] for e in episodes) == 10  # 12 runs, two without a key
+        assert sum(e["runs"] for e in episodes) == 12  # 14 runs, two without a key
         ended = {e["action_key"]: e["ended"] for e in episodes}
         assert (ended["u_03:bank.transfer"], ended["u_06:bank.transfer"], ended["u_07:bank.transfer"]) == (
             "deferred",
@@ -335,14 +348,23 @@ class TestReaskLoops:
 
 
 class TestIntegrity:
-    """A clean log has one finding here -- the forged outcome, refused -- and every corruption is found."""
+    """A clean log has two findings here -- the forged outcome and the replayed decision, both refused --
+    and every corruption is found."""
 
     def test_the_projected_log(self, projected: Log, con: duckdb.DuckDBPyConnection) -> None:
-        (finding,) = run(con, "integrity")
-        assert (finding["finding"], finding["run_id"], finding["subject"]) == (
+        forged, replayed = run(con, "integrity")
+        assert (forged["finding"], forged["run_id"], forged["subject"]) == (
             "executed_without_execute_decision",
             projected.runs["A1"],
             "outcome_for_non_execute",
+        )
+        assert (replayed["finding"], replayed["run_id"], replayed["subject"]) == (
+            "execution_refused",
+            projected.runs["H2"],
+            "decision_replayed",
+        )
+        assert replayed["detail"] == (
+            f"refused to execute decision {projected.decision_ids['H1']} of run {projected.runs['H1']}"
         )
         assert run(con, "integrity", action_key="u_02:bank.transfer") == []
 

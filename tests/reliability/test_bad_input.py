@@ -125,7 +125,7 @@ def _unknown_type(raw: Raw) -> None:
 
 
 def _future_version(raw: Raw) -> None:
-    raw[1]["schema_version"] = 2
+    raw[1]["schema_version"] = 99
 
 
 def _no_schema_version(raw: Raw) -> None:

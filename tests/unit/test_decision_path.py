@@ -447,14 +447,32 @@ class TestStep6SchemaValidation:
             return {**record, "pending_at_trigger": True}
 
         def validate(value: Any, schema: Any, ctx: Any) -> str | None:
-            return "not an integer" if schema == {"type": "integer"} and not isinstance(value, int) else None
+            return "over the daily limit" if schema == {"type": "integer"} and value > 1_000_000 else None
 
         pf = engine(validate_field_schema=validate, apply_field_policy=pend, classify_when_case=returns("scheduled"))
-        record = await decide(pf, user_answers={"amount": "lots", "to_account": "1"})
+        record = await decide(pf, user_answers={"amount": 2_000_000, "to_account": "1"})
         amount = field(record, "amount")
         assert amount["status"] == "unknown"
         assert amount["pending_at_trigger"] is False
-        assert amount["note"] == "schema violation (source user_answer): not an integer"
+        assert amount["note"] == "schema violation (source user_answer): over the daily limit"
+        assert record.execution_decision == "ask_user"
+
+    async def test_the_built_in_validator_runs_first_and_names_the_violation(self) -> None:
+        """SPEC §2.6: the value is checked against its JSON Schema by default, strict or not, hook or none."""
+        calls: list[Any] = []
+
+        def validate(value: Any, schema: Any, ctx: Any) -> None:
+            calls.append(value)
+
+        record = await decide(
+            engine(validate_field_schema=validate), user_answers={"amount": "lots", "to_account": "1"}
+        )
+        amount = field(record, "amount")
+        assert (amount["status"], amount["note"]) == (
+            "unknown",
+            "schema violation (source user_answer): 'lots' is not of type 'integer'",
+        )
+        assert "lots" not in calls  # the hook adds rules to a value the schema admits
         assert record.execution_decision == "ask_user"
 
     @pytest.mark.parametrize("verdict", [raises(), returns(False), returns({"ok": True}), returns(0)])

@@ -213,7 +213,7 @@ def envelope_like(draw: DrawFn) -> dict[str, Any]:
     keys = draw(st.lists(st.sampled_from([k for k in ENVELOPE_KEYS if k != "event_id"]), unique=True, max_size=12))
     obj: dict[str, Any] = {key: draw(json_values) for key in keys}
     obj["event_type"] = draw(st.sampled_from(sorted(EVENT_TYPES)) | json_values)
-    obj["schema_version"] = draw(st.sampled_from([1, 1, 2, 99]) | json_values)
+    obj["schema_version"] = draw(st.sampled_from([1, 2, 2, 3, 99]) | json_values)
     return obj
 
 
@@ -289,7 +289,7 @@ def mutated_events(draw: DrawFn) -> tuple[str, dict[str, Any]]:
         )
     else:
         doc["schema_version"] = draw(
-            st.sampled_from([99, 0, 2, -1, "1", None, "one", 1.5, 1.0, True, [1], {"v": 1}]) | UNHASHABLE
+            st.sampled_from([99, 0, 3, -1, "1", None, "one", 1.5, 1.0, True, [1], {"v": 1}]) | UNHASHABLE
         )
     return f"{real.event_type}:{how}", doc
 

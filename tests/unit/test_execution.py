@@ -8,6 +8,7 @@ import pytest
 
 from preflight import (
     ConstructionError,
+    ExecutionOutcome,
     ExecutionRecord,
     MemoryEventSink,
     MemoryStorage,
@@ -82,8 +83,13 @@ class TestRecording:
         state = await pf.run(transfer(**READY))
         assert state.execution_decision == "execute"
         calls = CallLog()
-        outcome = await pf.execute_if_ready(state, sc.BANK_TOOL, calls)
-        assert outcome.status == "held"
+        # The refusal is recorded as a run of its own; with the event log down that fails too, loudly,
+        # and the error carries the held outcome: nothing was called.
+        with pytest.raises(RecordingError, match="refused") as raised:
+            await pf.execute_if_ready(state, sc.BANK_TOOL, calls)
+        assert isinstance(raised.value.outcome, ExecutionOutcome)
+        assert raised.value.outcome.status == "held"
+        assert raised.value.outcome.code == "state_unrecorded"
         assert calls.calls == []
         assert isinstance(pf.storage, MemoryStorage)
         assert pf.storage.history("u_01:bank.transfer") == []

@@ -1,11 +1,11 @@
-"""The engine package imports no broker, stream processor or database (STYLE: decide in pure code)."""
+"""The engine package imports no broker, stream processor, database or MCP SDK (STYLE: decide in pure code)."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 
-FORBIDDEN = ("faust", "aiokafka", "duckdb", "mode", "kafka", "pyarrow")
+FORBIDDEN = ("faust", "aiokafka", "duckdb", "mode", "kafka", "pyarrow", "mcp", "mcp_types")
 
 
 def test_importing_the_engine_loads_no_io_framework() -> None:

@@ -136,6 +136,17 @@ async def asked() -> ExecutionRecord:
     return await sc.decide()
 
 
+#: The seed's tool with an untyped recipient: a value of any JSON type passes its schema, so the decoder's
+#: edge cases (floats, integers beyond 64 bits) reach the events.
+UNTYPED_TOOL = {
+    **sc.BANK_TOOL,
+    "inputSchema": {
+        **sc.BANK_TOOL["inputSchema"],
+        "properties": {**sc.BANK_TOOL["inputSchema"]["properties"], "to_account": {}},
+    },
+}
+
+
 async def executed() -> tuple[ExecutionRecord, PreflightEvent]:
     """An approved transfer and its `executed` outcome event."""
     pf = sc.engine()
@@ -233,7 +244,7 @@ class TestDecode:
     async def test_unknown_types_and_versions_are_refused_by_name(self) -> None:
         events = dumped((await asked()).run_events)
         unknown = [dict(events[0], event_type="run_teleported"), *events[1:]]
-        future = [dict(events[0], schema_version=2), *events[1:]]
+        future = [dict(events[0], schema_version=99), *events[1:]]
         rejected = decode_incoming(raw_message(unknown))
         assert isinstance(rejected, Rejected) and rejected.code == "unknown_event_type"
         assert "run_teleported" in rejected.reason and rejected.run_id == events[0]["run_id"]
@@ -353,7 +364,7 @@ class TestDecode:
         pf = sc.engine(
             measure_from_environment=lambda f, ctx: {"valid": True, "value": 1e-05} if f == "to_account" else None
         )
-        state = await sc.decide(pf)
+        state = await sc.decide(pf, tool=UNTYPED_TOOL)
         value = message(state.run_events).value
         assert value is not None and b"1e-05" in value
         assert _fast_path(value) is None
@@ -410,7 +421,7 @@ class TestDecode:
         pf = sc.engine(
             measure_from_environment=lambda f, ctx: {"valid": True, "value": huge} if f == "to_account" else None
         )
-        state = await sc.decide(pf)
+        state = await sc.decide(pf, tool=UNTYPED_TOOL)
         decoded = decode_incoming(message(state.run_events))
         assert isinstance(decoded, VerifiedRun)
         p = plan_batch([prepare_all([message(state.run_events)])], {}, projection="p", next_offsets={})

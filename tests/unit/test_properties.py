@@ -73,6 +73,7 @@ from preflight import (
 )
 from preflight.events import FieldResolved, RunClosed, RunStarted, canonical_json, seal
 from preflight.inputs import Segment
+from preflight.normalise import denotes, text_form, whole_token
 from preflight.records import DefinitionGate, IntentGate, ToolGate, ValueGate
 
 Hook = Callable[..., Any]
@@ -895,9 +896,21 @@ def expected_stage(scenario: Scenario) -> str:
         return "unrecordable"
     if plan.of("confirm_tool_name_matches_intent") not in APPROVING:
         return "tool"
-    if schema_of(payload) is None:
-        return "definition"
+    schema = schema_of(payload)
+    if schema is None or not valid_json_schema(schema):
+        return "definition"  # the schema never arrived, or is not a valid JSON Schema (SPEC §2.6)
     return "fields"
+
+
+def valid_json_schema(schema: Mapping[str, Any]) -> bool:
+    """Whether a maintained validator accepts `schema` as a JSON Schema (draft 2020-12 by default)."""
+    from jsonschema import Draft202012Validator, SchemaError
+
+    try:
+        Draft202012Validator.check_schema(dict(schema))
+    except SchemaError:
+        return False
+    return True
 
 
 def explained_backstop(scenario: Scenario) -> bool:
@@ -934,7 +947,12 @@ def offered_value(scenario: Scenario, name: str) -> Any:
     if isinstance(instruction, list) and where is not None and extractor in {*TIER1_EXTRACTORS, "non_json_value"}:
         index, start, end = where
         if instruction[index]["trust"] == "user":
-            return float("nan") if extractor == "non_json_value" else instruction[index]["text"][start:end]
+            if extractor == "non_json_value":
+                return float("nan")
+            text = instruction[index]["text"]
+            # A claim whose span does not write its value settles the field unknown on the spot.
+            held = text_form(text[start:end]) != "" and whole_token(text, start, end)
+            return text[start:end] if held else NOTHING
     entry = payload.get("pre_set_data", {}).get(name)
     if isinstance(entry, Mapping) and "value" in entry and entry.get("trust") == "user":
         return entry["value"]
@@ -1126,6 +1144,8 @@ def check_tier1(outcome: Outcome) -> None:
         assert 0 <= start < end <= len(segment["text"]), f"{where}: span {span} outside {segment['text']!r}"
         assert ev.get("segment_origin") == segment.get("origin"), f"{where}: segment origin not recorded"
         assert canon(f.value) == canon(segment["text"][start:end]), f"{where}: value is not the span's text"
+        assert denotes(segment["text"][start:end], f.value), f"{where}: the span does not write the value"
+        assert whole_token(segment["text"], start, end), f"{where}: the span cuts a token of the user's words"
 
 
 def check_unrecordable_values(outcome: Outcome) -> None:
@@ -1471,14 +1491,18 @@ def ready_scenarios(draw: DrawFn) -> Scenario:
     uses_prior = "prior" in sources.values()
     same_key = uses_prior and draw(st.booleans(), label="prior from storage")
     noise = draw(st.lists(segments(trust="untrusted"), max_size=2), label="untrusted noise")
-    trusted_texts = {name: draw(st.text(alphabet=TEXT_ALPHABET, min_size=1, max_size=12)) for name in sources}
+    # A value the user writes is a whole token of their words (`preflight.normalise`): set apart by line breaks.
+    trusted_texts = {
+        name: draw(st.text(alphabet=TEXT_ALPHABET, min_size=1, max_size=12).filter(lambda t: text_form(t) != ""))
+        for name in sources
+    }
     instruction: list[dict[str, Any]] = list(noise)
     spans: dict[str, tuple[int, int, int]] = {}
     for name, text in trusted_texts.items():
         if sources[name] == "instruction":
-            prefix = draw(texts)
+            prefix = draw(texts) + "\n"
             spans[name] = (len(instruction), len(prefix), len(prefix) + len(text))
-            instruction.append({"text": prefix + text + draw(texts), "trust": "user", "origin": "chat"})
+            instruction.append({"text": prefix + text + "\n" + draw(texts), "trust": "user", "origin": "chat"})
         elif noise and noise[0]["text"] and draw(st.booleans()):
             # A span into an untrusted segment: tier 1 must pass over it to the trusted source below.
             spans[name] = (0, 0, len(noise[0]["text"]))

@@ -43,6 +43,7 @@ from preflight.events import canonical_json
 from preflight.hooks import Hook
 from preflight.ports import KeyStore
 from preflight.protect import (
+    PSEUDONYM_PREFIX,
     TEXT_PREFIX,
     KeyStoreError,
     ProtectionError,
@@ -604,6 +605,100 @@ class TestProtectedRun:
             create_preflight(hooks=sc.hooks(), storage=MemoryStorage(), protector=MemoryKeyStore())  # type: ignore[arg-type]
 
 
+WORDS = "pay the electricity bill for Kim Minji"
+
+
+def words_key(user_id: str | None, fixed: Any) -> str:
+    """An adopter's action key built, as they usually are, from the user's words."""
+    return f"{user_id}:{fixed['c3_provider_action_name']}:{fixed['c2_user_action_name']}"
+
+
+class TestTheUsersWordsAboutTheAct:
+    """The probe's finding: C2 -- what the user calls the act -- went in clear into events, into the action
+    key (the Kafka key, the projection's key) and to analysts, and erasure left it readable."""
+
+    def engine(self, pr: ValueProtector, storage: MemoryStorage | None = None, **overrides: Hook) -> Preflight:
+        hooks: dict[str, Hook] = {
+            "extract_user_action_name": lambda i: WORDS,
+            "build_action_key": words_key,
+            "extract_from_instruction": sc.amount_from_text,
+        }
+        return engine(pr, storage, **{**hooks, **overrides})
+
+    async def test_the_published_action_key_is_a_pseudonym_that_is_stable_per_user_and_key(self) -> None:
+        pr = protector()
+        pf = self.engine(pr)
+        first, second = [await pf.run_and_record(transfer(USER, **VALUES[USER])) for _ in range(2)]
+        other = await pf.run_and_record(transfer(OTHER, **VALUES[OTHER]))
+        assert first.action_key is not None and first.action_key.startswith(PSEUDONYM_PREFIX)
+        assert first.action_key == second.action_key != other.action_key
+        assert first.action_key == pr.pseudonym(f"{USER}:bank.transfer:{WORDS}", subject=USER)
+        assert {e.kafka_key for e in first.run_events} == {first.action_key}
+
+    async def test_no_word_of_c2_or_the_readable_key_leaves_in_clear(self) -> None:
+        pr = protector()
+        refusing = self.engine(
+            pr,
+            confirm_tool_name_matches_intent=lambda c2, tool: {"approved": False, "reason": f"'{c2}' is no transfer"},
+        )
+        cases = [
+            await self.engine(pr).run_and_record(transfer(USER, **VALUES[USER])),
+            await refusing.run_and_record(transfer(USER, **VALUES[USER])),
+        ]
+        for state in cases:
+            encoded = wire(state)
+            for word in ("electricity", "Kim", "Minji", USER.encode().decode() + ":bank"):
+                assert word.encode() not in encoded, (state.execution_decision, word)
+            assert plain(rebuild_record(state.run_events, opener=pr)) == plain(state)
+        assert cases[1].execution_decision == "ask_user" and cases[1].fixed is not None
+        assert cases[1].fixed.c2_user_action_name == WORDS  # the caller's record: plaintext
+
+    async def test_compliance_reads_the_words_and_the_readable_key_back(self) -> None:
+        pr = protector()
+        state = await self.engine(pr).run_and_record(transfer(USER, **VALUES[USER]))
+        events = [decode_event(encode_event(e)) for e in state.run_events]
+        sealed = rebuild_record(events)
+        assert sealed.fixed is not None and is_sealed(sealed.fixed.c2_user_action_name)
+        opened = rebuild_record(events, opener=pr)
+        assert opened.fixed is not None and opened.fixed.c2_user_action_name == WORDS
+        match = next(e for e in events if e.event_type == "tool_match_decided")
+        assert is_sealed(match.readable_action_key) and is_sealed(match.reason)
+        body = open_event_body(match.model_dump(mode="json"), pr).body
+        assert body["readable_action_key"] == f"{USER}:bank.transfer:{WORDS}"
+
+    async def test_tier_4_holds_under_the_pseudonym_and_an_erased_user_starts_afresh(self) -> None:
+        store = MemoryKeyStore()
+        pr = ValueProtector(store)
+        storage = MemoryStorage()
+        done = await executed(self.engine(pr, storage), USER)
+        blank = {"instruction": [{"text": "same as last time", "trust": "user"}], "pre_set_data": {}}
+        again = await self.engine(pr, storage, extract_from_instruction=nothing).run_and_record(
+            sc.transfer(user_id=USER, **blank)
+        )
+        assert again.action_key == done.action_key
+        assert again.execution_decision == "execute" and {f.source for f in again.fields or ()} == {"prior_state"}
+
+        erase(store, USER)
+        after = await self.engine(pr, storage, extract_from_instruction=nothing).run_and_record(
+            sc.transfer(user_id=USER, **blank)
+        )
+        assert after.action_key != done.action_key  # a new key generation: the old pseudonym links to nothing
+        assert after.execution_decision == "ask_user"
+        rebuilt = rebuild_record(done.run_events, opener=pr)
+        assert "fixed/c2_user_action_name" in rebuilt.erased_values
+        assert rebuilt.fixed is not None and is_sealed(rebuilt.fixed.c2_user_action_name)
+
+    async def test_an_engine_without_a_protector_keeps_the_readable_key(self) -> None:
+        pf = create_preflight(
+            hooks=sc.hooks(extract_user_action_name=lambda i: WORDS, build_action_key=words_key),
+            storage=MemoryStorage(),
+        )
+        state = await pf.run_and_record(sc.transfer(user_id=USER))
+        assert state.action_key == f"{USER}:bank.transfer:{WORDS}"
+        match = next(e for e in state.run_events if e.event_type == "tool_match_decided")
+        assert "readable_action_key" not in match.model_dump(mode="json")
+
+
 class TestDeferred:
     async def test_deferred_input_is_sealed_and_the_trigger_runs_from_the_opened_log(self) -> None:
         pr = protector()
@@ -738,9 +833,14 @@ def _run_both(scenario: Scenario) -> tuple[ExecutionRecord, ExecutionRecord, Val
         pr = protector()
         for chosen in (None, pr):
             storage = MemoryStorage()
+            user = scenario.payload.get("user_id")
             for name in scenario.stored:
                 record = seed_records()[name]
-                await storage.persist(record.storage_key, record)
+                # A protected engine looks a key's baseline up under the key's pseudonym for the run's user.
+                key = record.storage_key
+                if chosen is not None:
+                    key = chosen.pseudonym(key, subject=user if isinstance(user, str) else None)
+                await storage.persist(key, record)
             pf = create_preflight(build_hooks(scenario.plan), storage, protector=chosen)
             records.append(await pf.run_and_record(scenario.materialise()))
         return records[0], records[1], pr

@@ -38,6 +38,7 @@ def test_every_command_the_readme_names_exists() -> None:
     from preflight_audit.cli import app
 
     commands = {c.name or (c.callback.__name__ if c.callback else "") for c in app.registered_commands}
+    commands |= {g.name for g in app.registered_groups if g.name}
     named = set(re.findall(r"preflight-audit ([a-z]+)", README.read_text()))
     assert named, "the README names no preflight-audit command"
     assert named <= commands, named - commands

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from preflight.records import RECORD_SCHEMA_VERSION
 from tests.unit import scenario as sc
 from tests.unit.scenario import decide, dump, engine
 
@@ -99,8 +100,8 @@ def without_timestamps(record: dict[str, Any]) -> dict[str, Any]:
 
 
 def extended(seed: dict[str, Any], **additions: Any) -> dict[str, Any]:
-    """The seed record with the 1.10 additions merged in (dicts one level deep)."""
-    out = {**seed, "schema_version": "1.10"}
+    """The seed record with this version's additions merged in (dicts one level deep)."""
+    out = {**seed, "schema_version": RECORD_SCHEMA_VERSION}
     for key, value in additions.items():
         if isinstance(value, dict) and isinstance(out.get(key), dict):
             merged = {**out[key]}

@@ -390,6 +390,111 @@ class TestDecisionsFromAnotherProcess:
         assert outcome.status == "held" and "differs" in outcome.reason
 
 
+class TestExecutesOnceAcrossEngines:
+    """The probe's finding: a second engine (or the same one restarted) acted on a signed decision again.
+    Engines that share a replay store claim the decision's nonce before the call: one of them calls."""
+
+    async def test_two_engines_sharing_a_file_store_call_once(self, tmp_path: Path) -> None:
+        from preflight.adapters.replay_file import FileReplayStore
+
+        signer = DecisionSigner.generate()
+        state, _ = await TestDecisionsFromAnotherProcess.approved_elsewhere(signer)
+        calls = CallLog()
+        engines = [
+            create_preflight(
+                hooks=hooks(),
+                storage=MemoryStorage(),
+                verifier=signer.verifier(),
+                replay_store=FileReplayStore(tmp_path / "claims"),
+            )
+            for _ in range(2)
+        ]
+        first = await engines[0].execute_if_ready(state, sc.BANK_TOOL, calls)
+        second = await engines[1].execute_if_ready(state, sc.BANK_TOOL, calls)
+        assert (first.status, second.status) == ("executed", "held")
+        assert second.code == "decision_replayed"
+        assert engines[0].engine_id in second.reason
+        assert len(calls.calls) == 1
+
+    async def test_a_restarted_engine_with_the_same_store_does_not_call_again(self, tmp_path: Path) -> None:
+        from preflight.adapters.replay_file import FileReplayStore
+
+        signer = DecisionSigner.generate()
+        state, _ = await TestDecisionsFromAnotherProcess.approved_elsewhere(signer)
+        calls = CallLog()
+
+        def executor() -> Preflight:
+            store = FileReplayStore(tmp_path / "claims")
+            return create_preflight(
+                hooks=hooks(), storage=MemoryStorage(), verifier=signer.verifier(), replay_store=store
+            )
+
+        assert (await executor().execute_if_ready(state, sc.BANK_TOOL, calls)).status == "executed"
+        assert (await executor().execute_if_ready(state, sc.BANK_TOOL, calls)).status == "held"
+        assert len(calls.calls) == 1
+
+    async def test_a_refused_replay_is_recorded_as_a_run_of_its_own(self) -> None:
+        signer = DecisionSigner.generate()
+        state, _ = await TestDecisionsFromAnotherProcess.approved_elsewhere(signer)
+        sink = MemoryEventSink()
+        executor = create_preflight(hooks=hooks(), storage=MemoryStorage(), sink=sink, verifier=signer.verifier())
+        assert (await executor.execute_if_ready(state, sc.BANK_TOOL, CallLog())).status == "executed"
+        replay = await executor.execute_if_ready(state, sc.BANK_TOOL, CallLog())
+        refusal = replay.refusal
+        assert refusal is not None and refusal.run_ref is not None
+        events = sink.run(refusal.run_ref.run_id)
+        verify_run(events)
+        assert dump(rebuild_record(events)) == dump(refusal)
+        blocked = next(e for e in events if e.event_type == "gate_blocked")
+        assert (blocked.gate_name, blocked.kind, blocked.decision, blocked.gap_class) == (
+            "execution",
+            "execution_refused",
+            "hold",
+            "unmet_condition",
+        )
+        assert state.run_ref is not None
+        gate = dump(refusal)["gate"]
+        assert (gate["code"], gate["decision_id"], gate["decided_run_id"]) == (
+            "decision_replayed",
+            state.run_ref.decision_id,
+            state.run_ref.run_id,
+        )
+        assert refusal.action_key == state.action_key and refusal.execution_decision == "hold"
+        assert events[0].user_id == "u_01"
+
+    async def test_a_store_that_fails_calls_nothing(self) -> None:
+        class Broken:
+            async def claim(self, claim: Any) -> str | None:
+                raise OSError("disk full")
+
+        signer = DecisionSigner.generate()
+        state, _ = await TestDecisionsFromAnotherProcess.approved_elsewhere(signer)
+        calls = CallLog()
+        executor = create_preflight(
+            hooks=hooks(), storage=MemoryStorage(), verifier=signer.verifier(), replay_store=Broken()
+        )
+        outcome = await executor.execute_if_ready(state, sc.BANK_TOOL, calls)
+        assert (outcome.status, outcome.code) == ("held", "replay_store_unavailable")
+        assert "disk full" in outcome.reason and calls.calls == []
+
+    async def test_a_non_execute_state_is_held_without_a_run(self) -> None:
+        sink = MemoryEventSink()
+        pf = create_preflight(hooks=hooks(), storage=MemoryStorage(), sink=sink)
+        asked = await pf.run_and_record(transfer())
+        before = len(sink.events)
+        outcome = await pf.execute_if_ready(asked, sc.BANK_TOOL, CallLog())
+        assert (outcome.status, outcome.code, outcome.refusal) == ("held", "not_execute", None)
+        assert len(sink.events) == before
+
+    def test_a_store_and_a_cache_size_are_not_both_given(self, tmp_path: Path) -> None:
+        from preflight.adapters.replay_file import FileReplayStore
+
+        with pytest.raises(ConstructionError, match="replay_cache_size"):
+            signed_engine(replay_cache_size=5, replay_store=FileReplayStore(tmp_path))
+        with pytest.raises(ConstructionError, match="replay_store"):
+            signed_engine(replay_store=object())
+
+
 @cache
 def foreign_decision() -> tuple[DecisionSigner, tuple[dict[str, Any], ...]]:
     """One decision signed by an approval service, as the JSON of its run's events."""

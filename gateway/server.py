@@ -1,0 +1,231 @@
+"""The gateway: an MCP server in front of upstream MCP servers, every `tools/call` through the preflight.
+
+`tools/list` answers the upstreams' tools unchanged (names, schemas, annotations). `tools/call`:
+
+1. the settings file is read (reloaded if it changed; one that does not parse refuses the call);
+2. the user's words come from the request's ``_meta`` (`preflight.adapters.mcp.INSTRUCTION_META_KEY`);
+   without them tier 1 is closed;
+3. `GuardedSession.call_tool` judges the call (the agent id is the MCP client's name, with
+   ``+shadow`` appended in shadow mode) and calls the upstream only on ``execute``, with the decision's id
+   as the idempotency key in the upstream request's ``_meta``;
+4. while the run asks, the user is asked through MCP **elicitation**, inside the same `tools/call`: the
+   unknown arguments with their schema types (never the proposed values), the user-checklist items, an
+   approval, or a restatement of the action; the answers go into the next run of the same action key. A
+   declined or cancelled question ends the call with nothing called (the run stays asked-and-unanswered);
+   a client without the elicitation capability gets an ``isError`` result saying what is missing;
+5. shadow mode records every decision and forwards every call unchanged, asking nothing.
+
+Fail closed: a decision that could not be recorded, a settings file that does not parse, or an error of
+the preflight itself calls nothing (an ``isError`` result says why). Nothing here raises into the SDK's
+server loop for a bad request: each is an ``isError`` result, and the gateway stays up.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from mcp.server import Server
+from mcp.server.context import ServerRequestContext
+from mcp.shared.exceptions import MCPError
+from mcp.types import (
+    CallToolRequestParams,
+    CallToolResult,
+    ClientCapabilities,
+    ElicitationCapability,
+    ListToolsResult,
+    PaginatedRequestParams,
+    TextContent,
+    Tool,
+)
+
+from gateway.settings import GatewayConfig, GatewaySettingsError, SettingsFile
+from gateway.upstreams import Upstreams
+from preflight.adapters.mcp import (
+    GuardedOutcome,
+    GuardedSession,
+    InstructionMetaError,
+    answers_from_form,
+    elicitation_form,
+    instruction_from_meta,
+)
+from preflight.api import Preflight
+
+__all__ = ["MAX_QUESTIONS", "Gateway", "error_result"]
+
+log = logging.getLogger("preflight.gateway")
+
+#: How many questions one `tools/call` may ask before it gives up (each answer runs the preflight again).
+MAX_QUESTIONS = 6
+
+Ask = Callable[[str, dict[str, Any]], Awaitable[tuple[str, dict[str, Any] | None]]]
+
+
+def error_result(text: str) -> CallToolResult:
+    """An ``isError`` tool result: how the gateway says "nothing was called, and why"."""
+    return CallToolResult(content=[TextContent(type="text", text=text)], is_error=True)
+
+
+class Gateway:
+    """The gateway's state: its settings file, the upstreams, and the engine every call is judged by."""
+
+    def __init__(
+        self,
+        settings: SettingsFile,
+        upstreams: Upstreams,
+        preflight: Preflight,
+        *,
+        user_of_request: Callable[[ServerRequestContext[Any, Any]], str | None] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.upstreams = upstreams
+        self.preflight = preflight
+        self._user_of_request = user_of_request
+        self.calls = 0
+
+    # ---- tools/list -------------------------------------------------------------------------------------------
+
+    async def list_tools(
+        self, ctx: ServerRequestContext[Any, Any], params: PaginatedRequestParams | None
+    ) -> ListToolsResult:
+        return ListToolsResult(tools=await self.upstreams.list_tools())
+
+    # ---- tools/call -------------------------------------------------------------------------------------------
+
+    def _user(self, ctx: ServerRequestContext[Any, Any], config: GatewayConfig) -> str | None:
+        if self._user_of_request is not None:
+            return self._user_of_request(ctx)
+        return config.gateway.user
+
+    @staticmethod
+    def client_name(ctx: ServerRequestContext[Any, Any]) -> str:
+        params = ctx.session.client_params
+        name = params.client_info.name if params is not None else None
+        return name if isinstance(name, str) and name.strip() else "unknown-client"
+
+    async def call_tool(self, ctx: ServerRequestContext[Any, Any], params: CallToolRequestParams) -> CallToolResult:
+        self.calls += 1
+        try:
+            return await self._call(ctx, params)
+        except Exception as exc:  # fail closed: the preflight's own error calls nothing
+            log.exception("gateway: the call of %s failed inside the gateway", params.name)
+            return error_result(f"{params.name}: nothing was called: the gateway failed ({type(exc).__name__})")
+
+    async def _call(self, ctx: ServerRequestContext[Any, Any], params: CallToolRequestParams) -> CallToolResult:
+        name = params.name
+        try:
+            config = self.settings.current()
+        except GatewaySettingsError as exc:
+            return error_result(f"{name}: nothing was called: the gateway's settings cannot be used: {exc}")
+        user = self._user(ctx, config)
+        if user is None:
+            return error_result(f"{name}: nothing was called: no user for this request")
+        meta = dict(params.meta or {}) if params.meta is not None else {}
+        try:
+            instruction = instruction_from_meta(meta)
+        except InstructionMetaError as exc:
+            return error_result(f"{name}: nothing was called: {exc}")
+        agent = self.client_name(ctx) + ("+shadow" if config.shadow else "")
+        guard = GuardedSession(
+            None,
+            self.preflight,
+            user_id=user,
+            agent_id=agent,
+            policy=config.policy_for(user),
+            shadow=config.shadow,
+            call_upstream=self.upstreams.call,
+            list_upstream=self._listing,
+        )
+        ask = self._asker(ctx)
+        return await run_call(guard, name, params.arguments, instruction, ask)
+
+    async def _listing(self, refresh: bool) -> list[Tool]:
+        return await self.upstreams.list_tools(refresh=refresh)
+
+    def _asker(self, ctx: ServerRequestContext[Any, Any]) -> Ask | None:
+        capable = ctx.session.check_client_capability(ClientCapabilities(elicitation=ElicitationCapability()))
+        if not capable:
+            return None
+
+        async def ask(message: str, schema: dict[str, Any]) -> tuple[str, dict[str, Any] | None]:
+            answer = await ctx.session.elicit_form(message, schema, related_request_id=ctx.request_id)
+            content = answer.content if answer.action == "accept" else None
+            return answer.action, dict(content) if content is not None else None
+
+        return ask
+
+    # ---- the server -------------------------------------------------------------------------------------------
+
+    def server(self) -> Server[Any]:
+        """The SDK's low-level `Server`, with this gateway's two handlers."""
+        return Server(
+            "preflight-gateway",
+            version="0.1.0",
+            instructions="Tools of the configured MCP servers; every call is checked by the preflight first.",
+            on_list_tools=self.list_tools,
+            on_call_tool=self.call_tool,
+        )
+
+
+def _result_of(outcome: GuardedOutcome) -> CallToolResult:
+    if outcome.status in ("executed", "forwarded", "failed") and outcome.result is not None:
+        return outcome.result
+    if outcome.status == "failed":
+        return error_result(f"{outcome.tool}: the call failed: {outcome.reason}")
+    return error_result(outcome.describe())
+
+
+async def run_call(
+    guard: GuardedSession,
+    name: str,
+    arguments: Mapping[str, Any] | None,
+    instruction: list[dict[str, Any]],
+    ask: Ask | None,
+) -> CallToolResult:
+    """One `tools/call` through the preflight, asking the user (`ask`) until it executes, holds, or the
+    user declines (see the module docstring)."""
+    answers: dict[str, Any] = {}
+    checklist: dict[str, Any] = {}
+    approval: dict[str, Any] | None = None
+    tool_attempt = intent_attempt = 0
+    for _ in range(MAX_QUESTIONS + 1):
+        outcome = await guard.call_tool(
+            name,
+            arguments,
+            instruction=instruction,
+            user_answers=answers,
+            checklist_answers=checklist,
+            approval=approval,
+            tool_attempt=tool_attempt,
+            intent_attempt=intent_attempt,
+        )
+        form = elicitation_form(outcome)
+        if outcome.status != "asked" or form is None:
+            return _result_of(outcome)
+        if ask is None:
+            return error_result(
+                outcome.describe() + " (This client cannot be asked: it has no elicitation capability.)"
+            )
+        try:
+            action, content = await ask(*form)
+        except MCPError as exc:
+            return error_result(f"{outcome.describe()} (The question could not be asked: {exc})")
+        if action != "accept":
+            return error_result(f"{name}: nothing was called: the user {action}d the question")
+        said = answers_from_form(outcome, content)
+        answers.update(said.user_answers)
+        checklist.update(said.checklist_answers)
+        state = outcome.state
+        if outcome.gate == "approval_required":
+            if said.approved is not True:
+                return error_result(f"{name}: nothing was called: the user did not approve it")
+            approval = {"status": "active", "scope": name}
+        elif outcome.gate in ("tool_undetermined", "intent_undetermined"):
+            if said.restatement is None:
+                return error_result(f"{name}: nothing was called: no restatement was given")
+            instruction = [*instruction, {"text": said.restatement, "trust": "user", "origin": "elicitation"}]
+            gate = state.gate if state is not None else None
+            tool_attempt = getattr(gate, "next_tool_attempt", None) or tool_attempt
+            intent_attempt = getattr(gate, "next_intent_attempt", None) or intent_attempt
+    return error_result(f"{name}: nothing was called: still not settled after {MAX_QUESTIONS} questions")

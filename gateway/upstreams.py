@@ -1,0 +1,193 @@
+"""The upstream MCP servers the gateway fronts: each held open in a task of its own, its tools listed.
+
+Each upstream (a stdio command or a streamable-HTTP URL, `gateway.settings.ServerEntry`) is connected
+through the official SDK (`stdio_client` / `streamable_http_client` and a `ClientSession`) inside a task
+that holds it until the gateway stops, so an upstream that dies takes only itself down: its calls then
+fail with `UpstreamUnavailable` (a named error the preflight records as ``failed``), never a hang and
+never the gateway. A tool name two upstreams both offer is refused at start (the gateway re-exposes tools
+under their own names). An upstream's ``notifications/tools/list_changed`` marks its listing stale; the
+next listing (a client's ``tools/list`` or a call of a tool not listed) reads it again.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+import anyio
+import httpx2
+from anyio.abc import TaskGroup
+from mcp import ClientSession, StdioServerParameters, stdio_client
+from mcp.client.session import IncomingMessage
+from mcp.client.streamable_http import streamable_http_client
+from mcp.types import (
+    CallToolResult,
+    Implementation,
+    PaginatedRequestParams,
+    RequestParamsMeta,
+    Tool,
+    ToolListChangedNotification,
+)
+
+from gateway.settings import ServerEntry
+
+__all__ = ["GatewayStartError", "UnknownTool", "Upstream", "UpstreamUnavailable", "Upstreams"]
+
+CLIENT_INFO = Implementation(name="preflight-gateway", version="0.1.0")
+
+
+class GatewayStartError(Exception):
+    """The gateway could not start: an upstream did not answer, or two upstreams offer one tool name."""
+
+
+class UpstreamUnavailable(Exception):
+    """The upstream that offers this tool is not connected (it exited or never started)."""
+
+
+class UnknownTool(KeyError):
+    """No upstream offers a tool of this name."""
+
+
+@dataclass
+class Upstream:
+    name: str
+    entry: ServerEntry
+    session: ClientSession | None = None
+    tools: list[Tool] = field(default_factory=list)
+    stale: bool = False
+    error: str | None = None
+    stop: anyio.Event = field(default_factory=anyio.Event)
+    done: anyio.Event = field(default_factory=anyio.Event)
+
+
+async def _list_all(session: ClientSession) -> list[Tool]:
+    tools: list[Tool] = []
+    cursor: str | None = None
+    while True:
+        page = await session.list_tools(params=PaginatedRequestParams(cursor=cursor) if cursor else None)
+        tools.extend(page.tools)
+        cursor = page.next_cursor
+        if not cursor:
+            return tools
+
+
+class Upstreams:
+    """Every configured upstream, connected (``async with Upstreams(servers) as upstreams``)."""
+
+    def __init__(
+        self,
+        servers: Mapping[str, ServerEntry],
+        *,
+        errlog: TextIO | None = None,
+        call_timeout_s: float = 60.0,
+        start_timeout_s: float = 60.0,
+    ) -> None:
+        self._upstreams = [Upstream(name, entry) for name, entry in servers.items()]
+        self._errlog = errlog or sys.stderr
+        self._call_timeout = call_timeout_s
+        self._start_timeout = start_timeout_s
+        self._stack = AsyncExitStack()
+        self._group: TaskGroup | None = None
+
+    async def __aenter__(self) -> Upstreams:
+        self._group = await self._stack.enter_async_context(anyio.create_task_group())
+        try:
+            for up in self._upstreams:
+                ready = anyio.Event()
+                self._group.start_soon(self._hold, up, ready)
+                with anyio.move_on_after(self._start_timeout):
+                    await ready.wait()
+                if up.session is None:
+                    raise GatewayStartError(f"upstream {up.name!r} did not start: {up.error or 'no answer in time'}")
+            self._check_names()
+        except BaseException:
+            await self.aclose()
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        for up in self._upstreams:
+            up.stop.set()
+        await self._stack.aclose()
+
+    def _transport(self, up: Upstream) -> Any:
+        entry = up.entry
+        if entry.command is not None:
+            params = StdioServerParameters(command=entry.command, args=entry.args, env=entry.env or None, cwd=entry.cwd)
+            return stdio_client(params, errlog=self._errlog)
+        assert entry.url is not None
+        client = httpx2.AsyncClient(headers=entry.headers, timeout=httpx2.Timeout(30.0, read=300.0))
+        return streamable_http_client(entry.url, http_client=client)
+
+    async def _hold(self, up: Upstream, ready: anyio.Event) -> None:
+        async def notified(message: IncomingMessage) -> None:
+            if isinstance(message, ToolListChangedNotification):
+                up.stale = True
+
+        try:
+            async with self._transport(up) as streams:
+                read, write = streams[0], streams[1]
+                async with ClientSession(read, write, message_handler=notified, client_info=CLIENT_INFO) as session:
+                    await session.initialize()
+                    up.tools = await _list_all(session)
+                    up.session = session
+                    ready.set()
+                    await up.stop.wait()
+        except Exception as exc:
+            up.error = f"{type(exc).__name__}: {exc}"
+        finally:
+            up.session = None
+            ready.set()
+            up.done.set()
+
+    def _check_names(self) -> None:
+        owners: dict[str, str] = {}
+        for up in self._upstreams:
+            for tool in up.tools:
+                if tool.name in owners:
+                    raise GatewayStartError(
+                        f"tool {tool.name!r} is offered by both {owners[tool.name]!r} and {up.name!r}:"
+                        " the gateway exposes tools under their own names, so one must go"
+                    )
+                owners[tool.name] = up.name
+
+    def tools(self) -> list[Tool]:
+        """Every upstream's tools as last listed, upstream by upstream."""
+        return [tool for up in self._upstreams for tool in up.tools]
+
+    async def list_tools(self, *, refresh: bool = False) -> list[Tool]:
+        """The tools, each stale (or, with `refresh`, every) connected upstream listed again first."""
+        for up in self._upstreams:
+            if up.session is not None and (refresh or up.stale):
+                up.stale = False
+                try:
+                    up.tools = await _list_all(up.session)
+                except Exception as exc:
+                    up.error = f"{type(exc).__name__}: {exc}"
+        return self.tools()
+
+    def owner(self, name: str) -> Upstream:
+        for up in self._upstreams:
+            if any(t.name == name for t in up.tools):
+                return up
+        raise UnknownTool(name)
+
+    async def call(self, name: str, arguments: dict[str, Any], meta: dict[str, Any]) -> CallToolResult:
+        """Call `name` on the upstream that offers it. Raises `UnknownTool` or `UpstreamUnavailable`; an
+        upstream that exits mid-call raises the SDK's error, one that does not answer in time a timeout."""
+        up = self.owner(name)
+        session = up.session
+        if session is None:
+            raise UpstreamUnavailable(f"upstream {up.name!r} is not connected ({up.error or 'stopped'})")
+        request_meta = RequestParamsMeta(**meta) if meta else None  # type: ignore[typeddict-item]
+        return await session.call_tool(name, arguments, self._call_timeout, meta=request_meta)
+
+    def status(self) -> dict[str, str]:
+        """Each upstream's state: ``connected`` or why not."""
+        return {up.name: "connected" if up.session is not None else (up.error or "stopped") for up in self._upstreams}

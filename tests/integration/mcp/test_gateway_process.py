@@ -1,0 +1,162 @@
+"""`preflight-audit gateway` as a process: an SDK client starts it over stdio (as a desktop client would),
+the gateway starts a real upstream, publishes to a real broker, and the projector and the named queries
+see its traffic: the `provenance` query says the user supplied the elicited value answering a question."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+from mcp import StdioServerParameters
+from mcp.types import Implementation, RequestParamsMeta
+
+import queries
+from infra.brokers import Broker, create_topics, delete_topics
+from preflight.adapters.mcp import INSTRUCTION_META_KEY, result_text
+from preflight_audit.keys import protector
+from projections import Projector, log_end_offsets, open_database
+from projections.dlq import default_dead_letter_topic
+from projections.signatures import DecisionTrust
+from tests.gateway_support import Scripted, stdio_entry, write_settings
+from tests.integration.worker_harness import PHASE_TIMEOUT_S
+from tests.mcp_servers import mcp_session
+
+pytestmark = pytest.mark.integration
+
+PARTITIONS = 2
+
+
+@pytest.fixture
+async def events_topic(broker: Broker) -> AsyncIterator[str]:
+    topic = f"it.gateway.{uuid.uuid4().hex[:12]}"
+    await create_topics(broker.bootstrap_servers, [topic], partitions=PARTITIONS)
+    try:
+        yield topic
+    finally:
+        await delete_topics(broker.bootstrap_servers, [topic, default_dead_letter_topic(topic)])
+
+
+def gateway_process(config: Path, broker: Broker, topic: str, data: Path) -> StdioServerParameters:
+    """`preflight-audit gateway --config CONFIG` on `broker` and `topic`, its keys and data under `data`."""
+    env = {
+        "PREFLIGHT_BROKER": broker.bootstrap_servers,
+        "PREFLIGHT_EVENTS_TOPIC": topic,
+        "PREFLIGHT_EVENTS_PARTITIONS": str(PARTITIONS),
+        "PREFLIGHT_DATA_DIR": str(data / "var"),
+        "PREFLIGHT_KEY_DIR": str(data / "keys"),
+        "PREFLIGHT_WEB_PORT": "9",  # no fold worker here: tier 4 is unavailable, never stale
+    }
+    command = str(Path(sys.executable).parent / "preflight-audit")
+    return StdioServerParameters(command=command, args=["gateway", "--config", str(config)], env=env, cwd=str(data))
+
+
+async def project_all(broker: Broker, topic: str, db: Path, trust: DecisionTrust) -> None:
+    ends = await log_end_offsets(broker.bootstrap_servers, topic, list(range(PARTITIONS)))
+    async with Projector(db, broker.bootstrap_servers, topic, group_id="gw", decision_trust=trust) as projector:
+        await projector.run_until(ends, timeout_s=PHASE_TIMEOUT_S)
+
+
+class TestGatewayProcess:
+    async def test_an_elicited_answer_is_projected_and_provenance_names_the_user(
+        self,
+        broker: Broker,
+        events_topic: str,
+        tmp_path: Path,
+        git_params: StdioServerParameters,
+        git_repository: Path,
+    ) -> None:
+        config = write_settings(tmp_path / "gateway.toml", servers={"git": stdio_entry(git_params)})
+        user = Scripted([{"repo_path": str(git_repository)}])
+        params = gateway_process(config, broker, events_topic, tmp_path)
+        meta = {INSTRUCTION_META_KEY: [{"text": "show me the git status", "trust": "user"}]}
+        client = Implementation(name="test-client", version="1.0")
+        async with mcp_session(params, elicitation_callback=user, client_info=client) as session:
+            listed = await session.list_tools()
+            result = await session.call_tool(
+                "git_status", {"repo_path": "wherever"}, meta=cast(RequestParamsMeta, meta)
+            )
+        assert len(listed.tools) == 12
+        assert result.is_error is False, result_text(result)
+        assert "On branch main" in result_text(result)
+
+        db = tmp_path / "audit.duckdb"
+        trust = DecisionTrust.from_pem_files(tmp_path / "var" / "decision.key.pub")
+        await project_all(broker, events_topic, db, trust)
+        con = open_database(db, read_only=True)
+        try:
+            # A protected engine publishes the action key as a keyed pseudonym; compliance computes it.
+            published = protector(tmp_path / "keys").pseudonym("u_01:git_status", subject="u_01")
+            rows = queries.run(con, "provenance", action_key=published).dicts()
+            gaps = queries.run(con, "gap_rates").dicts()
+        finally:
+            con.close()
+        answered = [r for r in rows if r["field"] == "repo_path" and r["status"] == "known"]
+        assert len(answered) == 1
+        (row,) = answered
+        assert row["source"] == "user_answer" and row["origin_source"] == "user_answer"
+        assert row["supplied_by"] == "user"
+        assert row["agent_id"] == "test-client"
+        assert row["outcome"] == "executed"
+        asked = [r for r in rows if r["status"] != "known"]
+        assert [r["decision"] for r in asked] == ["ask_user"]
+        assert sum(r["runs"] for r in gaps if r["tool"] == "git_status") == 2
+
+
+class TestMalformedInput:
+    async def test_malformed_json_rpc_is_ignored_and_the_gateway_stays_up(
+        self, broker: Broker, events_topic: str, tmp_path: Path, git_params: StdioServerParameters
+    ) -> None:
+        config = write_settings(tmp_path / "gateway.toml", servers={"git": stdio_entry(git_params)})
+        params = gateway_process(config, broker, events_topic, tmp_path)
+        assert params.env is not None
+        lines = [
+            "this is not json",
+            json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": _initialize()}),
+            json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+            '{"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": ',
+            json.dumps({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "git_status"}}),
+            json.dumps(
+                {"jsonrpc": "2.0", "id": 4, "method": "tools/call", "params": {"name": "git_status", "arguments": [1]}}
+            ),
+            json.dumps({"jsonrpc": "2.0", "id": 5, "method": "tools/list"}),
+        ]
+        process = await asyncio.create_subprocess_exec(
+            params.command,
+            *params.args,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.DEVNULL,
+            env={**os.environ, **params.env},
+            cwd=params.cwd,
+        )
+        assert process.stdin is not None and process.stdout is not None
+        answers: dict[Any, dict[str, Any]] = {}
+        try:
+            process.stdin.write(("\n".join(lines) + "\n").encode())
+            await process.stdin.drain()
+            async with asyncio.timeout(PHASE_TIMEOUT_S):
+                while not {1, 3, 4, 5} <= set(answers):
+                    line = await process.stdout.readline()
+                    assert line, f"the gateway closed its output; answers so far: {answers}"
+                    message = json.loads(line)
+                    answers[message.get("id")] = message
+        finally:
+            process.stdin.close()
+            async with asyncio.timeout(PHASE_TIMEOUT_S):
+                await process.wait()
+        assert "result" in answers[1]
+        assert answers[3]["result"]["isError"] is True
+        assert "nothing was called" in answers[3]["result"]["content"][0]["text"]
+        assert "error" in answers[4] or answers[4]["result"]["isError"] is True
+        assert len(answers[5]["result"]["tools"]) == 12
+
+
+def _initialize() -> dict[str, Any]:
+    return {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}
