@@ -106,7 +106,7 @@ class ProjectorCollector(Collector):
         yield per_partition(
             "preflight_projector_stored_offset",
             "the next offset to project, as the database stores it (in the transaction of the rows it covers)",
-            stored.get,
+            lambda p: stored.get(p, 0),
         )
         yield per_partition(
             "preflight_projector_log_end_offset", "the log's end as the consumer's last fetch saw it", f.log_end.get

@@ -983,9 +983,10 @@ class Projector:
         group shows is what the database stores. Never read back; a failure is counted, logged and retried.
         """
         interval = self._kafka_commit_interval_s
-        if interval is None or not self._committed:
+        if interval is None:
             return
-        offsets = self.committed_offsets()
+        stored = self.committed_offsets()
+        offsets = {p: stored.get(p, 0) for p in self.partitions}  # an empty partition's position is 0
         if offsets == self._kafka_committed:
             return
         now = time.monotonic()
