@@ -3,8 +3,9 @@
 It reads with its own consumer (group id = the projection's name, partitions assigned by hand, no
 auto-commit) and keeps its read position in the database itself (`consumer_offsets`), written in the
 same DuckDB transaction as the rows of the batch it covers. On start it seeks each partition to the
-stored offset (offset 0 when none is stored). Kafka's committed offsets are written only as a
-courtesy for lag monitors (`kafka_commit_interval_s`) and are never read back.
+stored offset (offset 0 when none is stored). The stored offsets are also committed to Kafka, for lag
+monitors, after commits (`kafka_commit_interval_s`) and whenever the projector is idle or stops, so that
+what the group shows is what the database stores; they are never read back.
 
 Per batch (`getmany`, up to `batch_size` messages): decode and verify every message and build its
 rows as Arrow tables (pure: `projections.rows.prepare_all`, in `decode_workers` processes or in the
@@ -186,8 +187,8 @@ class Projector:
     :param on_batch: called in the event loop after each committed batch with its plan.
     :param after_commit: called in the writer thread right after each COMMIT with the plan of each batch
         it committed: the moment their rows became visible to readers (bench/freshness.py stamps it).
-    :param kafka_commit_interval_s: how often to also commit the stored offsets to Kafka for lag
-        monitors (best effort; ``None`` never). Never read back.
+    :param kafka_commit_interval_s: how often, at most, to also commit the stored offsets to Kafka for lag
+        monitors while batches commit (also whenever idle and at stop; ``None`` never). Never read back.
     :param decode_workers: processes that decode, verify and build rows (0: in the event loop). Decoding
         is pure Python; in other processes it runs beside the writer instead of taking turns with it
         for the GIL. `default_decode_workers()` suits a machine the projector has to itself.
