@@ -202,6 +202,10 @@ class Projector:
         does: the live projector published them already).
     :param decision_trust: whose signed decisions an outcome needs (`projections.signatures`); None
         checks no signature (an outcome must still match its approved decision).
+    :param partitions: the partitions of `topic` this projector owns (None: every one). Several projectors
+        share a topic by owning disjoint partitions, each in a database of its own: a key's messages are on
+        one partition, so each run is whole in one file, and `projections.union.open_union` reads the files
+        as one. The assignment is fixed: a projector never takes another's partitions.
     """
 
     def __init__(
@@ -226,6 +230,7 @@ class Projector:
         dead_letter_topic: str | None = None,
         publish_dead_letters: bool = True,
         decision_trust: DecisionTrust | None = None,
+        partitions: Sequence[int] | None = None,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
@@ -251,6 +256,9 @@ class Projector:
         self._decode_workers = decode_workers
         self._decode_niceness = decode_niceness
         self._trust = decision_trust
+        self._owned = None if partitions is None else frozenset(int(p) for p in partitions)
+        if self._owned is not None and not self._owned:
+            raise ValueError("partitions: a projector owns at least one partition (None: every one)")
         self._pool: ProcessPoolExecutor | None = None
         self._before_commit = before_commit
         self._on_batch = on_batch
@@ -414,7 +422,11 @@ class Projector:
                 numbers = await _partitions_of(consumer, self._topic)
                 if not numbers:
                     raise BrokerError(f"topic {self._topic!r} does not exist on {self._bootstrap}: create it first")
-                self._partitions = [TopicPartition(self._topic, p) for p in sorted(numbers)]
+                if self._owned is not None and not self._owned <= numbers:
+                    missing = sorted(self._owned - numbers)
+                    raise BrokerError(f"topic {self._topic!r} has no partition {missing} (it has {len(numbers)})")
+                owned = numbers if self._owned is None else self._owned
+                self._partitions = [TopicPartition(self._topic, p) for p in sorted(owned)]
                 consumer.assign(self._partitions)
                 for tp in self._partitions:
                     if tp.partition in stored:
@@ -1288,6 +1300,21 @@ def _within(low: int, high: int | None = None) -> Callable[[str], int]:
     return parse
 
 
+def _partition_list(text: str) -> list[int]:
+    """An argparse type: partitions as ``0-5``, ``0,2,4`` or ``0-3,8``."""
+    found: set[int] = set()
+    try:
+        for part in text.split(","):
+            low, _, high = part.strip().partition("-")
+            first, last = int(low), int(high) if high else int(low)
+            if first < 0 or last < first:
+                raise ValueError(part)
+            found.update(range(first, last + 1))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a partition list (0-5 or 0,2,4): {text!r}") from None
+    return sorted(found)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m projections", description=__doc__.split("\n")[0])
     parser.add_argument("--bootstrap", required=True, help="broker address, host:port[,host:port...]")
@@ -1338,6 +1365,11 @@ def _parser() -> argparse.ArgumentParser:
         help="serve /healthz, /readyz and /metrics (Prometheus) on this port (0: any free one; default: none)",
     )
     run.add_argument("--ops-host", default="127.0.0.1", help="where --ops-port listens (default 127.0.0.1)")
+    run.add_argument(
+        "--partitions",
+        type=_partition_list,
+        help="the partitions this projector owns, e.g. 0-5 or 0,2,4 (default: every one); see projections.union",
+    )
     rebuild = sub.add_parser("replay", help="rebuild every projection from offset 0 into a fresh file")
     rebuild.add_argument("--db", required=True, help="the new DuckDB file (must not exist)")
     rebuild.add_argument("--compare", help="a live database to compare the rebuilt one with")
@@ -1376,6 +1408,7 @@ async def _run_command(args: argparse.Namespace, trust: DecisionTrust | None) ->
         decode_workers=args.decode_workers,
         decode_niceness=args.decode_niceness,
         decision_trust=trust,
+        partitions=args.partitions,
     ) as p:
         ops = None
         if args.ops_port is not None:

@@ -27,6 +27,7 @@ import contextlib
 import cProfile
 import logging
 import os
+import threading
 import time
 import uuid
 from collections import Counter
@@ -34,8 +35,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, urlencode
 
 import faust
+from aiokafka.client import AIOKafkaClient
+from aiokafka.protocol.admin import DescribeGroupsRequest
+from aiokafka.protocol.group import LeaveGroupRequest
 from faust.types import TP, Message
 from faust.web import Request, Response, View
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -105,13 +110,11 @@ def record_start(data_dir: Path) -> int:
 
 
 def instance_id(settings: WorkerSettings) -> str:
-    """The worker's static group membership id: `settings.group_instance_id`, else one made on the first
-    start with this data directory and kept in it (`INSTANCE_FILE`).
-
-    A member with a static id (KIP-345) that restarts within the session timeout takes its partitions
-    back at once: no rebalance, and no wait for the broker to expire the member a SIGKILL left behind
-    (which held the next join for the whole session timeout). Two live workers must never share an id
-    (the broker fences the older one): give each worker its own data directory.
+    """The worker's own name in its consumer group: `settings.group_instance_id`, else one made on the first
+    start with this data directory and kept in it (`INSTANCE_FILE`). It is the worker's Kafka client id, so
+    the broker names the worker's group member after it (``<id>-<uuid>``), and a restarted worker finds
+    the member its previous run left behind (`evict_previous_member`). Give every worker its own data
+    directory: two live workers must never share the id.
     """
     if settings.group_instance_id:
         return settings.group_instance_id
@@ -128,6 +131,57 @@ def instance_id(settings: WorkerSettings) -> str:
     partial.write_text(f"{made}\n")
     os.replace(partial, path)
     return made
+
+
+async def evict_previous_member(bootstrap: str, group: str, instance: str, *, timeout_s: float = 10.0) -> int:
+    """Remove from `group` the members a previous run of this worker left (member ids ``<instance>-...``);
+    how many were removed.
+
+    A SIGKILLed worker's member stays in the group until its session times out, and the next join waits
+    for that (the whole session timeout, 10 s, on top of the join itself). The worker knows its own dead
+    member by its client id, and removes it (LeaveGroup on its behalf) before it joins: the group
+    rebalances at once. Only a settled (Stable) group is touched: removing a member in the middle of a
+    join wedged Tansu 0.6's group; then the join waits for the session timeout as before. (Static
+    membership, KIP-345, would do this in the protocol, but Tansu 0.6 never syncs a restarted static
+    follower: it rejoins for ever.)
+    """
+    client = AIOKafkaClient(bootstrap_servers=bootstrap, client_id=f"{instance}-evict", request_timeout_ms=5_000)
+    try:
+        async with asyncio.timeout(timeout_s):
+            await client.bootstrap()
+            node = await client.coordinator_lookup(0, group)  # 0: a consumer group's coordinator
+            described = (await client.send(node, DescribeGroupsRequest([group]))).to_object()
+            mine = [
+                m["member_id"]
+                for g in described["groups"]
+                if g["state"] == "Stable"
+                for m in g["members"]
+                if str(m["member_id"]).startswith(f"{instance}-")
+            ]
+            for member in mine:
+                await client.send(node, LeaveGroupRequest(group, member))
+            return len(mine)
+    finally:
+        await client.close()
+
+
+def _evict_before_joining(settings: WorkerSettings, instance: str) -> str:
+    """`evict_previous_member` from a thread of its own (the worker's event loop does not run yet); what it
+    did, for the log (logging is not set up yet either)."""
+    outcome = ["no previous group member removed"]
+
+    def run() -> None:
+        try:
+            removed = asyncio.run(evict_previous_member(settings.bootstrap_servers, settings.app_id, instance))
+        except Exception as exc:  # no broker yet, no group yet: the join waits as it would have
+            outcome[0] = f"no previous group member removed ({exc!r})"
+            return
+        outcome[0] = f"removed {removed} group member(s) a previous run left behind"
+
+    thread = threading.Thread(target=run, name="evict-previous-member")
+    thread.start()
+    thread.join()
+    return outcome[0]
 
 
 class Folder:
@@ -170,6 +224,7 @@ class Folder:
         self.rebalances = 0
         self._catching_up: asyncio.Task[None] | None = None
         self.starts = starts
+        self.evicted = ""
         self._began = time.monotonic()
         self.recovery_s: float | None = None
         # Since this process started (not persisted): what the consumer delivered versus the watermark.
@@ -217,6 +272,15 @@ class Folder:
         if not self.caught_up.is_set():
             return "catching up on its partitions from the log"
         return ""
+
+    def owner_of(self, partition: int) -> str | None:
+        """The URL of the group's worker that owns events `partition` (from the group's assignment, which
+        Faust's assignor shares with every member: each worker's changelog partitions and its URL)."""
+        distribution = getattr(self.app.assignor, "changelog_distribution", None) or {}
+        for url, topics in distribution.items():
+            if partition in (topics.get(self.settings.changelog_topic) or ()):
+                return str(url).rstrip("/")
+        return None
 
     def progress(self, partition: int) -> Progress:
         return Progress.from_json(self.table.get(progress_key(partition)))
@@ -561,7 +625,14 @@ class Folder:
             return view.json({"action_key": action_key, "status": "bad_request", "reason": str(exc)}, status=400)
         partition = key_partition(query, self.state(state_key(action_key)), settings.partitions)
         if self.ready and partition not in self.assigned:
-            reason = f"partition {partition} is not assigned to this worker: ask the worker that owns it"
+            owner = self.owner_of(partition)
+            if owner is not None and not request.query.get("redirected"):
+                # Another worker of the group owns the key's partition: send the reader there (once).
+                query_text = urlencode({**request.query, "redirected": "1"})
+                location = f"{owner}/baseline/{quote(action_key, safe='')}?{query_text}"
+                body = unavailable_body(action_key, f"partition {partition} is folded by {owner}", partition, None)
+                return view.json(body, status=307, headers={"Location": location})
+            reason = f"partition {partition} is not assigned to this worker, and its owner is not known"
             return view.json(unavailable_body(action_key, reason, partition, None), status=503)
         if not await self.wait_folded(partition, query.min_offset, query.wait_s):
             reason = (
@@ -680,11 +751,14 @@ def create_app(settings: WorkerSettings) -> faust.App:
     profiler = cProfile.Profile() if settings.profile_path is not None else None
 
     def init_worker(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
-        """`faust worker` is starting this app (the consumer does not exist yet): count the start and
-        take the worker's static membership id. (Faust sends the signal more than once.)"""
+        """`faust worker` is starting this app (the consumer does not exist yet): count the start, name the
+        worker's client after its instance id and remove the group member its previous run left behind.
+        (Faust sends the signal more than once.)"""
         if not folder.starts:
             folder.starts = record_start(settings.data_dir)
-            app.conf.consumer_group_instance_id = instance_id(settings)
+            instance = instance_id(settings)
+            app.conf.broker_client_id = instance
+            folder.evicted = _evict_before_joining(settings, instance)
 
     async def start_folding() -> None:
         if profiler is not None:
@@ -698,13 +772,14 @@ def create_app(settings: WorkerSettings) -> faust.App:
             raise
         folder.topology_checked.set()
         log.info(
-            "folding %s (%d partitions) into table %s; dead letters to %s (start #%d, group member %s)",
+            "folding %s (%d partitions) into table %s; dead letters to %s (start #%d, group member %s; %s)",
             settings.events_topic,
             settings.partitions,
             settings.changelog_topic,
             settings.dlq_topic,
             folder.starts,
-            app.conf.consumer_group_instance_id,
+            app.conf.broker_client_id,
+            folder.evicted,
         )
 
     async def fold(stream: Any) -> None:

@@ -51,8 +51,8 @@ class WorkerSettings:
     platform's path separator) makes the fold count an outcome only for a decision signed by one of
     them, with `decision_leeway_s` of clock skew; without keys, outcomes are checked against the
     approved decision's id, tool and arguments digest, not its signature. `group_instance_id` is the
-    worker's static consumer-group membership (default: an id made on the first start and kept in
-    `data_dir`, see `streams.app.instance_id`): each worker of a group needs its own.
+    worker's name in its consumer group, its Kafka client id (default: an id made on the first start and
+    kept in `data_dir`, see `streams.app.instance_id`): each worker of a group needs its own.
     """
 
     broker_url: str = "127.0.0.1:9092"

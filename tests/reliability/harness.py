@@ -280,9 +280,11 @@ class ProjectorProcess:
         batch_size: int = 20,
         decode_workers: int | None = None,
         ops_port: int | None = None,
+        partitions: str | None = None,
     ) -> None:
         workers = [] if decode_workers is None else ["--decode-workers", str(decode_workers)]
         ops = [] if ops_port is None else ["--ops-port", str(ops_port)]
+        owned = [] if partitions is None else ["--partitions", partitions]
         self.command = [
             sys.executable,
             "-m",
@@ -300,6 +302,7 @@ class ProjectorProcess:
             "--group",
             group,
             *ops,
+            *owned,
         ]
         self.group = group
         self.topic = topic
