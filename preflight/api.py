@@ -40,6 +40,7 @@ from preflight.results import output_check, structured_content, tool_error
 from preflight.reversibility import AdmissionPolicy
 from preflight.signing import REPLAY_CACHE_LIMIT, DecisionSigner, DecisionVerifier, SignedDecision
 from preflight.testing import MemoryEventSink
+from preflight.tracing import run_span
 
 CallTool = Callable[[str, dict[str, Any]], Any]
 RECENT_RUNS = 100_000
@@ -120,11 +121,14 @@ class Preflight:
 
         A protected engine raises `preflight.protect.KeyStoreError` when the key store cannot give the
         user's key: nothing is then recorded, as nothing could be sealed."""
-        user_id, agent_id = _ids(input)
-        run_id = str(uuid.uuid4())
-        sealer = self._sealer(user_id, run_id)  # before deciding: the action key is its pseudonym
-        decided = await self._decide(input, sealer.pseudonym if sealer is not None else None)
-        return self._emit(decided, user_id, agent_id, run_id=run_id, sealer=sealer)
+        with run_span(input) as span:  # preflight.tracing: a span per run, never a value in it
+            user_id, agent_id = _ids(input)
+            run_id = str(uuid.uuid4())
+            sealer = self._sealer(user_id, run_id)  # before deciding: the action key is its pseudonym
+            decided = await self._decide(input, sealer.pseudonym if sealer is not None else None)
+            state = self._emit(decided, user_id, agent_id, run_id=run_id, sealer=sealer)
+            span.record(state, gap_class=decided.trace.gap_class, gate=decided.trace.gate_name)
+        return state
 
     def _emit(
         self,

@@ -1,4 +1,5 @@
-"""The `preflight-audit` command: serve, demo, query, settings, replay, export, broker, erase, digest, verify.
+"""The `preflight-audit` command: serve, demo, query, settings, status, replay, export, broker, erase, digest,
+verify.
 
 Settings come from options, ``PREFLIGHT_*`` variables and ``preflight-audit.toml`` (`preflight_audit.settings`).
 Every failure the command expects -- bad settings, an unknown query or parameter, a missing or busy
@@ -696,6 +697,7 @@ def verify(
     """
     from ledger.errors import LedgerError
     from preflight_audit.keys import ledger_verify_keys, verify_database
+    from preflight_audit.status import save_verify
 
     settings = _settings(ctx, database=db)
     try:
@@ -711,6 +713,7 @@ def verify(
             " (--public-key; the demo's is demo-out/keys/ledger.key.pub): nothing was checked against a digest"
         )
     lines = report_.lines()
+    save_verify(settings, ok=report_.ok, summary=lines[0], database=database)  # for `status`
     style = "bold green" if report_.ok else "bold red"
     _out().print(f"[{style}]{escape(lines[0])}[/]", soft_wrap=True)
     for line in lines[1:]:
@@ -776,6 +779,29 @@ def broker(
                 signal.pause()  # until Ctrl-C or SIGTERM (both raise KeyboardInterrupt here)
         except KeyboardInterrupt:
             _err().print(f"stopping the embedded broker (pid {running.pid})")
+
+
+@app.command()
+@_reported
+def status(
+    ctx: typer.Context,
+    as_json: Annotated[bool, typer.Option("--json", help="print the status as JSON")] = False,
+) -> None:
+    """A running deployment as its operator sees it: each consumer's lag, the last verify, the dead letters.
+
+    Reads the fold worker's and the projector's /readyz and /metrics and the broker's committed offsets
+    (what external lag monitors see). Exit 0 when every consumer is up, ready and caught up and the last
+    verify passed; 1 otherwise.
+    """
+    from preflight_audit.status import gather, render
+
+    report_ = asyncio.run(gather(_settings(ctx)))
+    if as_json:
+        typer.echo(json.dumps(report_.to_json(), indent=1))
+    else:
+        render(report_, _out())
+    if not report_.ok:
+        raise typer.Exit(EXIT_FAILURE)
 
 
 # ---- gateway ----------------------------------------------------------------------------------------------

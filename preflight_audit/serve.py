@@ -24,6 +24,7 @@ import socket
 
 from rich.console import Console
 
+from preflight.adapters.ops import OpsServer
 from preflight_audit.access import TokenTable, parse_tokens
 from preflight_audit.api import create_app
 from preflight_audit.errors import ServiceError
@@ -31,6 +32,7 @@ from preflight_audit.keys import DecisionKey, protector, settings_decision_key
 from preflight_audit.server import api_server
 from preflight_audit.services import create_worker_topics, decision_trust
 from preflight_audit.settings import Settings
+from preflight_audit.status import save_serve
 from projections import Projector
 from streams.process import WorkerProcess
 
@@ -122,6 +124,20 @@ async def _run(
         decision_trust=decision_trust(settings, signing.public_path),  # the keys the worker trusts
     )
     await projector.start()
+    ops = OpsServer(
+        settings.projector_host, settings.projector_port, await projector.metrics_registry(), projector.readiness
+    )
+    if settings.projector_port:
+        try:
+            ops.start()
+        except OSError as exc:
+            raise ServiceError(f"the projector's /metrics cannot listen on {ops.url}: {exc.strerror or exc}") from exc
+    save_serve(
+        settings,
+        broker=bootstrap,
+        worker_url=worker.base_url,
+        projector_url=ops.url if settings.projector_port else None,
+    )
     sock = _bind(settings.api_host, settings.api_port)
     host, port = sock.getsockname()[:2]
     api = create_app(settings.database, read_only=False, tokens=tokens, protector=protector(settings.key_dir))
@@ -136,7 +152,10 @@ async def _run(
     console.print(f"  broker     {bootstrap} ({kind}{f', pid {broker_pid}' if broker_pid else ''})")
     console.print(f"  events     {settings.events_topic} ({settings.events_partitions} partitions)")
     console.print(f"  worker     pid {worker.pid}, {worker.base_url}/baseline/{{action_key}} (log {worker.log_path})")
-    console.print(f"  projector  {settings.database}")
+    console.print(
+        f"  projector  {settings.database}" + (f", {ops.url}/metrics" if settings.projector_port else ""),
+        soft_wrap=True,
+    )
     console.print(f"  HTTP API   http://{host}:{port}  (OpenAPI at /openapi.json, docs at /docs)", soft_wrap=True)
     roles = ", ".join(sorted(tokens.roles)) or "none: set PREFLIGHT_API_TOKENS, until then only /healthz answers"
     console.print(f"  API roles  {roles}; values opened with the key store {settings.key_dir}", soft_wrap=True)
@@ -165,5 +184,6 @@ async def _run(
         server.should_exit = True
         readying.cancel()
         await asyncio.gather(projecting, serving, readying, return_exceptions=True)
+        ops.stop()
         await projector.stop()
         sock.close()

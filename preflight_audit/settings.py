@@ -124,6 +124,10 @@ class Settings(BaseSettings):
     # ---- the fold worker --------------------------------------------------------------------------------
     web_host: str = Field("127.0.0.1", min_length=1, description="where the fold worker's HTTP view listens")
     web_port: int = Field(6066, ge=1, le=65535, description="its port")
+    projector_host: str = Field("127.0.0.1", min_length=1, description="where serve's projector answers /metrics")
+    projector_port: int = Field(
+        6067, ge=0, le=65535, description="its port for /healthz, /readyz and /metrics (0: none)"
+    )
     broker_url: str | None = Field(
         None,
         min_length=1,
@@ -141,6 +145,12 @@ class Settings(BaseSettings):
         True, description="the fold worker folds the log's backlog from the log itself at start (benchmarks: off)"
     )
     profile: Path | None = Field(None, description="the fold worker profiles its loop into this file (bench/fold.py)")
+    group_instance_id: str | None = Field(
+        None,
+        min_length=1,
+        description="the fold worker's name in its consumer group and its Kafka client id"
+        " (default: made on the first start and kept in its data directory)",
+    )
     # ---- signed decisions and sealed values -------------------------------------------------------------
     key_dir: Path = Field(Path("var/keys"), description="the per-user keys field values are sealed with")
     decision_key: Path | None = Field(
@@ -189,7 +199,9 @@ class Settings(BaseSettings):
         except BrokerConfigError as exc:
             raise ValueError(str(exc).split(": ", 1)[-1]) from None
 
-    @field_validator("events_topic", "dlq_topic", "app_id", "projection", "api_host", "web_host", "table")
+    @field_validator(
+        "events_topic", "dlq_topic", "app_id", "projection", "api_host", "web_host", "table", "projector_host"
+    )
     @classmethod
     def _not_blank(cls, value: str) -> str:
         if not value.strip():

@@ -3,8 +3,9 @@
 It reads with its own consumer (group id = the projection's name, partitions assigned by hand, no
 auto-commit) and keeps its read position in the database itself (`consumer_offsets`), written in the
 same DuckDB transaction as the rows of the batch it covers. On start it seeks each partition to the
-stored offset (offset 0 when none is stored). Kafka's committed offsets are written only as a
-courtesy for lag monitors (`kafka_commit_interval_s`) and are never read back.
+stored offset (offset 0 when none is stored). The stored offsets are also committed to Kafka, for lag
+monitors, after commits (`kafka_commit_interval_s`) and whenever the projector is idle or stops, so that
+what the group shows is what the database stores; they are never read back.
 
 Per batch (`getmany`, up to `batch_size` messages): decode and verify every message and build its
 rows as Arrow tables (pure: `projections.rows.prepare_all`, in `decode_workers` processes or in the
@@ -37,6 +38,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import ctypes
 import gc
 import logging
 import multiprocessing
@@ -58,6 +60,7 @@ import duckdb
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError, OffsetOutOfRangeError
 
+from preflight.adapters.ops import OpsServer
 from preflight.errors import SigningKeyError
 from projections.decode import Incoming, Rejected
 from projections.dlq import DeadLetter, DeadLetterPublisher, default_dead_letter_topic
@@ -68,6 +71,7 @@ from projections.errors import (
     ProjectionTimeout,
     ReplayTargetExistsError,
 )
+from projections.metrics import ProcessFigures, projector_registry, queryable_histogram
 from projections.rows import Plan, PreparedChunk, StoredRun, plan_batch, raw, to_arrow
 from projections.signatures import LEEWAY_VAR, PUBLIC_KEYS_VAR, DecisionTrust, detached_checked, prepare_checked
 from projections.store import (
@@ -77,6 +81,7 @@ from projections.store import (
     load_offsets,
     lookup_runs,
     open_database,
+    record_start,
     rollback,
     sql,
     taken_event_ids,
@@ -154,6 +159,9 @@ class _Batch:
     prepared: list[PreparedChunk]
     plan: Plan
     tables: dict[str, Any]
+    #: The Kafka timestamps (ms) of the batch's messages beyond the stored offsets, for the
+    #: run-to-queryable histogram once they commit.
+    stamps: tuple[int, ...] = ()
 
 
 class Projector:
@@ -179,8 +187,8 @@ class Projector:
     :param on_batch: called in the event loop after each committed batch with its plan.
     :param after_commit: called in the writer thread right after each COMMIT with the plan of each batch
         it committed: the moment their rows became visible to readers (bench/freshness.py stamps it).
-    :param kafka_commit_interval_s: how often to also commit the stored offsets to Kafka for lag
-        monitors (best effort; ``None`` never). Never read back.
+    :param kafka_commit_interval_s: how often, at most, to also commit the stored offsets to Kafka for lag
+        monitors while batches commit (also whenever idle and at stop; ``None`` never). Never read back.
     :param decode_workers: processes that decode, verify and build rows (0: in the event loop). Decoding
         is pure Python; in other processes it runs beside the writer instead of taking turns with it
         for the GIL. `default_decode_workers()` suits a machine the projector has to itself.
@@ -194,6 +202,10 @@ class Projector:
         does: the live projector published them already).
     :param decision_trust: whose signed decisions an outcome needs (`projections.signatures`); None
         checks no signature (an outcome must still match its approved decision).
+    :param partitions: the partitions of `topic` this projector owns (None: every one). Several projectors
+        share a topic by owning disjoint partitions, each in a database of its own: a key's messages are on
+        one partition, so each run is whole in one file, and `projections.union.open_union` reads the files
+        as one. The assignment is fixed: a projector never takes another's partitions.
     """
 
     def __init__(
@@ -218,6 +230,7 @@ class Projector:
         dead_letter_topic: str | None = None,
         publish_dead_letters: bool = True,
         decision_trust: DecisionTrust | None = None,
+        partitions: Sequence[int] | None = None,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
@@ -243,6 +256,9 @@ class Projector:
         self._decode_workers = decode_workers
         self._decode_niceness = decode_niceness
         self._trust = decision_trust
+        self._owned = None if partitions is None else frozenset(int(p) for p in partitions)
+        if self._owned is not None and not self._owned:
+            raise ValueError("partitions: a projector owns at least one partition (None: every one)")
         self._pool: ProcessPoolExecutor | None = None
         self._before_commit = before_commit
         self._on_batch = on_batch
@@ -270,8 +286,18 @@ class Projector:
         self._decode_ahead = 2 if decode_workers else 1
         self._unaccounted = False
         self._committed: dict[tuple[str, int], int] = {}
-        self._last_kafka_commit = 0.0
-        self._kafka_commit_failed = False
+        self._last_kafka_commit = -float("inf")
+        #: What this process last committed to Kafka (partition -> next offset), and its failures.
+        self._kafka_committed: dict[int, int] = {}
+        self._kafka_commit_failures = 0
+        #: Readiness: the log's end when the projector started, and when it was all committed.
+        self._began = time.monotonic()
+        self._ready_target: dict[int, int] | None = None
+        self._recovery_s: float | None = None
+        self.starts = 0
+        self._log_end: dict[int, int] = {}
+        self.queryable = queryable_histogram()
+        self._figures = ProcessFigures(projection=group_id, topic=topic)
         self._dead_letter_topic = dead_letter_topic or default_dead_letter_topic(topic)
         if publish_dead_letters and self._dead_letter_topic == topic:
             raise ValueError(f"the dead-letter topic must differ from the events topic ({topic!r})")
@@ -307,6 +333,61 @@ class Projector:
         """Each partition's next offset as stored in the database by the last committed batch."""
         return {partition: offset for (topic, partition), offset in self._committed.items() if topic == self._topic}
 
+    @property
+    def ready(self) -> bool:
+        """Whether the projector has committed everything the log held when it started (its recovery)."""
+        return self._recovery_s is not None
+
+    def readiness(self) -> tuple[bool, str]:
+        """(ready, why not): for a readiness probe (`preflight.adapters.ops.OpsServer`); any thread."""
+        if self.ready:
+            return True, ""
+        if self._ready_target is None:
+            return False, "starting: opening the database and seeking to the stored offsets"
+        return False, f"projecting the backlog the log held at start, up to {self._ready_target}"
+
+    def _check_ready(self) -> None:
+        """Become ready once everything the log held at start is committed; publish the figures."""
+        if self._recovery_s is None and self._consumer is not None:
+            committed = self.committed_offsets()
+            target = self._ready_target
+            if target is None:  # the end offsets were not read at start: the consumer's own view of the end
+                target = dict(self._log_end) if len(self._log_end) == len(self._partitions) else None
+            if target is not None and all(committed.get(p, 0) >= end for p, end in target.items() if end > 0):
+                self._recovery_s = time.monotonic() - self._began
+                log.info("projector %s ready in %.2f s (committed %s)", self._group, self._recovery_s, committed)
+        self._publish_figures()
+
+    def figures(self) -> ProcessFigures:
+        """The process's own figures for the metrics, as of the last commit or fetch (any thread)."""
+        return self._figures
+
+    def _publish_figures(self) -> None:
+        """Replace the figures the metrics read (in the event loop, after a commit or an idle poll)."""
+        stats = self.stats
+        self._figures = ProcessFigures(
+            projection=self._group,
+            topic=self._topic,
+            ready=self.ready,
+            log_end=dict(self._log_end),
+            kafka_committed=dict(self._kafka_committed),
+            kafka_commit_failures=self._kafka_commit_failures,
+            counts=dict(stats.counts),
+            batches=stats.batches,
+            transactions=stats.transactions,
+            starts=self.starts,
+            recovery_seconds=self._recovery_s,
+        )
+
+    async def metrics_registry(self) -> Any:
+        """A Prometheus registry of this projector's metrics (`projections.metrics`), reading the database
+        through a cursor of its own: serve it from another thread (`preflight.adapters.ops.OpsServer`)."""
+        self._require_started()
+        con = self._con
+        assert con is not None
+        cursor = await self._in_writer(con.cursor)
+        return projector_registry(cursor, self.figures, self.queryable)
+
     async def start(self) -> None:
         """Open and migrate the database, connect, assign every partition and seek to the stored offsets.
 
@@ -315,6 +396,7 @@ class Projector:
         """
         if self._con is not None:
             return
+        self._began = time.monotonic()
         self._loop = asyncio.get_running_loop()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="projector-writer")
         try:
@@ -340,7 +422,11 @@ class Projector:
                 numbers = await _partitions_of(consumer, self._topic)
                 if not numbers:
                     raise BrokerError(f"topic {self._topic!r} does not exist on {self._bootstrap}: create it first")
-                self._partitions = [TopicPartition(self._topic, p) for p in sorted(numbers)]
+                if self._owned is not None and not self._owned <= numbers:
+                    missing = sorted(self._owned - numbers)
+                    raise BrokerError(f"topic {self._topic!r} has no partition {missing} (it has {len(numbers)})")
+                owned = numbers if self._owned is None else self._owned
+                self._partitions = [TopicPartition(self._topic, p) for p in sorted(owned)]
                 consumer.assign(self._partitions)
                 for tp in self._partitions:
                     if tp.partition in stored:
@@ -360,6 +446,10 @@ class Projector:
                 raise BrokerError(f"cannot consume {self._topic!r} from {self._bootstrap}: {exc!r}") from exc
             raise
         self._consumer = consumer
+        try:
+            self._ready_target = await log_end_offsets(self._bootstrap, self._topic, self.partitions)
+        except BrokerError as exc:
+            log.warning("no end offsets at start (%s): ready once the first fetches reach the log's end", exc)
         log.info(
             "projector %s on %s: partitions %s from %s",
             self._group,
@@ -367,6 +457,7 @@ class Projector:
             self.partitions,
             {p: stored.get(p, 0) for p in self.partitions},
         )
+        self._check_ready()
 
     async def _open(self) -> dict[int, int]:
         """Start the decode workers, open and migrate the database; the stored next offsets."""
@@ -392,6 +483,7 @@ class Projector:
         await self._in_writer(con.execute, sql("writer_settings"))
         stored: dict[int, int] = await self._in_writer(load_offsets, con, self._group, self._topic)
         self._committed = {(self._topic, p): o for p, o in stored.items()}
+        self.starts = await self._in_writer(record_start, con, self._group)
         return stored
 
     async def stop(self) -> None:
@@ -549,6 +641,9 @@ class Projector:
             await self._hand_over(*previous, backlog=waiting >= self._batch_size)
         elif not incoming:
             await self._settle()
+            # Idle: what is stored is all there is; lag monitors must see it now, not at the next batch.
+            await self._commit_to_kafka(self._consumer, force=True)
+            self._check_ready()
         self._unaccounted = False
         return len(incoming)
 
@@ -598,6 +693,12 @@ class Projector:
             ) from exc
         except KafkaError as exc:
             raise BrokerError(f"reading {self._topic!r} failed: {exc!r}") from exc
+        for tp in self._partitions:
+            end = self._consumer.last_stable_offset(tp)
+            if end is None or end < 0:
+                end = self._consumer.highwater(tp)
+            if end is not None:
+                self._log_end[tp.partition] = int(end)
         incoming = [
             Incoming(
                 tp.topic,
@@ -741,8 +842,14 @@ class Projector:
         plan = plan_batch(
             prepared, stored, projection=self._group, next_offsets=next_offsets, decision_trust=self._trust
         )
+        stamps = tuple(
+            m.timestamp_ms
+            for chunk in prepared
+            for m in chunk.incoming
+            if m.timestamp_ms is not None and m.offset >= next_offsets.get((m.topic, m.partition), 0)
+        )
         seconds["plan"] += time.perf_counter() - clock  # rows taken from the decoded Arrow tables included
-        return _Batch(prepared, plan, to_arrow(plan))
+        return _Batch(prepared, plan, to_arrow(plan), stamps)
 
     async def _drain(self) -> bool:
         """Wait for the write in flight; account for the batches it committed, or raise what it raised.
@@ -773,6 +880,7 @@ class Projector:
                 self._on_batch(plan)
         if self._consumer is not None:
             await self._commit_to_kafka(self._consumer)
+        self._check_ready()
         return all(plan is batch.plan for plan, batch in zip(committed, opened, strict=True))
 
     def _write(self, batch: _Batch | None, commit: bool) -> list[Plan] | None:
@@ -802,6 +910,7 @@ class Projector:
                     self._before_commit()
                 con.commit()
                 self.stats.transactions += 1
+                self._observe_queryable(self._transaction)
             self._transaction = []
         except EventIdConflict:
             rollback(con)
@@ -857,9 +966,18 @@ class Projector:
                 log.warning("a batch reuses %d archived event id(s); dead-lettering their messages", len(taken))
                 continue
             self.stats.transactions += 1
+            self._observe_queryable([batch])
             if self._after_commit is not None:
                 self._after_commit(plan)
             return plan
+
+    def _observe_queryable(self, batches: Sequence[_Batch]) -> None:
+        """In the writer thread, right after a COMMIT: each message's time from its Kafka timestamp to now."""
+        now_ms = time.time() * 1000.0
+        observe = self.queryable.observe
+        for batch in batches:
+            for stamp in batch.stamps:
+                observe(max(0.0, now_ms - stamp) / 1000.0)
 
     def _publish(self, letters: list[DeadLetter]) -> None:
         """In the writer thread, inside the batch's transaction: publish its new dead letters and wait for
@@ -873,21 +991,29 @@ class Projector:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
     async def _commit_to_kafka(self, consumer: Any, *, force: bool = False) -> None:
-        """Best effort: show the stored offsets to Kafka lag monitors. Correctness never reads them."""
+        """Show the stored offsets to Kafka lag monitors: after a commit at most every
+        `kafka_commit_interval_s`, and (`force`) whenever the projector is idle or stops, so that what the
+        group shows is what the database stores. Never read back; a failure is counted, logged and retried.
+        """
         interval = self._kafka_commit_interval_s
-        if interval is None or self._kafka_commit_failed or not self._committed:
+        if interval is None:
+            return
+        stored = self.committed_offsets()
+        offsets = {p: stored.get(p, 0) for p in self.partitions}  # an empty partition's position is 0
+        if offsets == self._kafka_committed:
             return
         now = time.monotonic()
-        if not force and now - self._last_kafka_commit < interval:
-            return
+        if now - self._last_kafka_commit < (interval if not force or self._kafka_commit_failures else 0.0):
+            return  # after a failure, even an idle retry waits an interval
         self._last_kafka_commit = now
-        offsets = {TopicPartition(t, p): o for (t, p), o in self._committed.items()}
         try:
             async with asyncio.timeout(5.0):
-                await consumer.commit(offsets)
+                await consumer.commit({TopicPartition(self._topic, p): o for p, o in offsets.items()})
         except (KafkaError, TimeoutError) as exc:
-            self._kafka_commit_failed = True
-            log.warning("committing offsets to Kafka failed (%r); lag monitors will not see them", exc)
+            self._kafka_commit_failures += 1
+            log.warning("committing offsets %s to Kafka failed (%r); lag monitors see older ones", offsets, exc)
+            return
+        self._kafka_committed = offsets
 
 
 async def _partitions_of(consumer: Any, topic: str) -> set[int] | None:
@@ -984,16 +1110,40 @@ def _start_decode_worker(parent: int, niceness: int) -> None:
     """
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, signal.SIG_IGN)
+    _die_with_parent()
+    if os.getppid() != parent:  # the parent died before the death signal was asked for
+        os._exit(0)
     if niceness:
         os.nice(niceness)
     _collect_less_often()
 
-    def watch() -> None:
+    def watch() -> None:  # where the kernel cannot send a death signal (not Linux)
         while os.getppid() == parent:
             time.sleep(1.0)
         os._exit(0)
 
     threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+
+
+#: prctl(2)'s option asking the kernel for a signal when the parent thread dies (linux/prctl.h).
+_PR_SET_PDEATHSIG: Final = 1
+
+
+def _die_with_parent() -> None:
+    """Ask the kernel (Linux) to SIGKILL this process the moment the process that spawned it dies -- a
+    SIGKILLed projector leaves no decode worker behind, even for a second. Elsewhere, a no-op (the
+    `watch` thread notices within a second).
+
+    The signal follows the parent *thread* that spawned the worker: the pool spawns its workers from the
+    projector's event loop thread (`_start_workers`), which lives as long as the projector.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):  # no prctl: the watch thread still ends the worker
+        pass
 
 
 def default_decode_workers() -> int:
@@ -1150,6 +1300,21 @@ def _within(low: int, high: int | None = None) -> Callable[[str], int]:
     return parse
 
 
+def _partition_list(text: str) -> list[int]:
+    """An argparse type: partitions as ``0-5``, ``0,2,4`` or ``0-3,8``."""
+    found: set[int] = set()
+    try:
+        for part in text.split(","):
+            low, _, high = part.strip().partition("-")
+            first, last = int(low), int(high) if high else int(low)
+            if first < 0 or last < first:
+                raise ValueError(part)
+            found.update(range(first, last + 1))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a partition list (0-5 or 0,2,4): {text!r}") from None
+    return sorted(found)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m projections", description=__doc__.split("\n")[0])
     parser.add_argument("--bootstrap", required=True, help="broker address, host:port[,host:port...]")
@@ -1194,6 +1359,17 @@ def _parser() -> argparse.ArgumentParser:
         action="store_false",
         help="keep dead letters in the dead_letters table only",
     )
+    run.add_argument(
+        "--ops-port",
+        type=_within(0, 65535),
+        help="serve /healthz, /readyz and /metrics (Prometheus) on this port (0: any free one; default: none)",
+    )
+    run.add_argument("--ops-host", default="127.0.0.1", help="where --ops-port listens (default 127.0.0.1)")
+    run.add_argument(
+        "--partitions",
+        type=_partition_list,
+        help="the partitions this projector owns, e.g. 0-5 or 0,2,4 (default: every one); see projections.union",
+    )
     rebuild = sub.add_parser("replay", help="rebuild every projection from offset 0 into a fresh file")
     rebuild.add_argument("--db", required=True, help="the new DuckDB file (must not exist)")
     rebuild.add_argument("--compare", help="a live database to compare the rebuilt one with")
@@ -1232,8 +1408,18 @@ async def _run_command(args: argparse.Namespace, trust: DecisionTrust | None) ->
         decode_workers=args.decode_workers,
         decode_niceness=args.decode_niceness,
         decision_trust=trust,
+        partitions=args.partitions,
     ) as p:
-        stats = await p.run_forever(stop)
+        ops = None
+        if args.ops_port is not None:
+            ops = OpsServer(args.ops_host, args.ops_port, await p.metrics_registry(), p.readiness)
+            ops.start()
+            log.info("projector %s: /healthz, /readyz and /metrics at %s", args.group, ops.url)
+        try:
+            stats = await p.run_forever(stop)
+        finally:
+            if ops is not None:
+                ops.stop()
     print(f"stopped: {stats}")
     return 0
 

@@ -9,6 +9,7 @@
 --   006_archive_zstd.sql
 --   007_readable_action_key.sql
 --   008_proposal.sql
+--   009_projector_starts.sql
 
 -- table archive
 CREATE TABLE archive (
@@ -140,6 +141,13 @@ CREATE TABLE gate_decisions (
     occurred_at TIMESTAMP WITH TIME ZONE,
     "day" DATE,
     ingested_at TIMESTAMP WITH TIME ZONE DEFAULT(now()) NOT NULL
+);
+
+-- table projector_starts
+CREATE TABLE projector_starts (
+    projection VARCHAR NOT NULL,
+    started_at TIMESTAMP WITH TIME ZONE DEFAULT(now()) NOT NULL,
+    pid INTEGER
 );
 
 -- table runs

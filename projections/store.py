@@ -301,6 +301,14 @@ def load_offsets(con: duckdb.DuckDBPyConnection, projection: str, topic: str) ->
     return {int(partition): int(offset) for partition, offset in rows}
 
 
+def record_start(con: duckdb.DuckDBPyConnection, projection: str) -> int:
+    """Record that a projector of `projection` starts on this database (migration 009); how many starts
+    the projection has had, this one included."""
+    con.execute(sql("record_start"), {"projection": projection, "pid": os.getpid()})
+    row = con.execute(sql("count_starts"), {"projection": projection}).fetchone()
+    return int(row[0]) if row else 0
+
+
 def reset_offsets(con: duckdb.DuckDBPyConnection, projection: str, topic: str) -> None:
     """Forget `projection`'s stored offsets on `topic`: it reads from offset 0 next time, adding nothing
     it already holds (a check of idempotence, or a re-read after a fix to the dead-letter rules)."""

@@ -26,70 +26,59 @@ import asyncio
 import contextlib
 import cProfile
 import logging
+import os
+import threading
 import time
-import weakref
+import uuid
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import timedelta
-from typing import Any, cast
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, urlencode
 
 import faust
-
-# Faust routes a table write to the changelog partition of the *current event*, a context variable its
-# stream sets only for one-at-a-time iteration; a `take_events` batch is handed over without it ("Cannot
-# modify table key from outside of stream iteration", SPEC §7). `_WritingFor` sets it, around the
-# writes only, to a stand-in for the partition being written. Pinned: faust-streaming 0.15.3.
-from faust.streams import _current_event
+from aiokafka.client import AIOKafkaClient
+from aiokafka.protocol.admin import DescribeGroupsRequest
+from aiokafka.protocol.group import LeaveGroupRequest
+from faust.types import TP, Message
 from faust.web import Request, Response, View
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from preflight.signing import DecisionVerifier
 from streams.backfill import Backfill
 from streams.batch import (
-    PROGRESS_PREFIX,
     STATE_PREFIX,
     DeadLetter,
     Incoming,
+    Missing,
     Progress,
     fold_partition,
     progress_key,
     state_key,
 )
+from streams.errors import StreamsError
+from streams.metrics import PartitionFigures, WorkerFigures, worker_registry
 from streams.settings import WorkerSettings
 from streams.view import QueryError, baseline_body, key_partition, parse_query, totals, unavailable_body
 
 log = logging.getLogger(__name__)
 
-#: The most offsets read back in one go when the consumer skipped a range.
-READ_BACK_CHUNK = 5000
+#: Faust's own offset commits, from the offsets its consumer has acknowledged, are switched off (an
+#: interval and a count no worker reaches): the worker commits what it has stored (`Folder._commit`).
+#: Faust still commits on a rebalance and at shutdown; by then the worker has committed its own.
+_NEVER_S = 10 * 365 * 24 * 3600.0
+_NEVER = 2**62
+#: How long a scrape may wait for the log's end offsets, and how long one answer is reused.
+_LOG_END_TIMEOUT_S = 2.0
+_LOG_END_TTL_S = 1.0
+#: The files in the data directory that count the worker's starts and hold its group instance id.
+STARTS_FILE = "preflight-worker-starts"
+INSTANCE_FILE = "preflight-worker-instance"
 
 
-class _Anchor:
-    """Stands in for the Faust event a table write needs: `Table.on_key_set` reads only the current
-    event's `message.topic` and `message.partition` (to route the changelog record and check that the
-    changelog has as many partitions as the source)."""
-
-    class _Message:
-        def __init__(self, topic: str, partition: int) -> None:
-            self.topic = topic
-            self.partition = partition
-
-    def __init__(self, topic: str, partition: int) -> None:
-        self.message = self._Message(topic, partition)
-
-
-class _WritingFor:
-    """``with _WritingFor(topic, partition):`` -- table writes in this task go to `partition`'s changelog
-    partition (see the note on the `_current_event` import)."""
-
-    def __init__(self, topic: str, partition: int) -> None:
-        self._anchor = _Anchor(topic, partition)
-        self._token: Any = None
-
-    def __enter__(self) -> None:
-        self._token = _current_event.set(weakref.ref(cast(Any, self._anchor)))
-
-    def __exit__(self, *exc: object) -> None:
-        _current_event.reset(self._token)
+class NotOwnedError(StreamsError):
+    """A partition this worker is not assigned (any more) was about to be written: another worker owns it."""
 
 
 def decision_verifier(settings: WorkerSettings) -> DecisionVerifier | None:
@@ -105,25 +94,156 @@ def decision_verifier(settings: WorkerSettings) -> DecisionVerifier | None:
     )
 
 
-class Folder:
-    """The glue between Faust and the pure fold, for one worker: batches in, table and dead letters out."""
+def record_start(data_dir: Path) -> int:
+    """Count this start in `data_dir` (created if missing); how many starts it now holds."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    path = data_dir / STARTS_FILE
+    try:
+        starts = int(path.read_text().strip() or 0)
+    except (FileNotFoundError, ValueError):
+        starts = 0
+    starts += 1
+    partial = path.with_suffix(".tmp")
+    partial.write_text(f"{starts}\n")
+    os.replace(partial, path)
+    return starts
 
-    def __init__(self, app: Any, settings: WorkerSettings, table: Any, dlq: Any, backfill: Backfill) -> None:
+
+def instance_id(settings: WorkerSettings) -> str:
+    """The worker's own name in its consumer group: `settings.group_instance_id`, else one made on the first
+    start with this data directory and kept in it (`INSTANCE_FILE`). It is the worker's Kafka client id, so
+    the broker names the worker's group member after it (``<id>-<uuid>``), and a restarted worker finds
+    the member its previous run left behind (`evict_previous_member`). Give every worker its own data
+    directory: two live workers must never share the id.
+    """
+    if settings.group_instance_id:
+        return settings.group_instance_id
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    path = settings.data_dir / INSTANCE_FILE
+    try:
+        existing = path.read_text().strip()
+    except FileNotFoundError:
+        existing = ""
+    if existing:
+        return existing
+    made = f"{settings.app_id}-{uuid.uuid4().hex[:12]}"
+    partial = path.with_suffix(".tmp")
+    partial.write_text(f"{made}\n")
+    os.replace(partial, path)
+    return made
+
+
+async def evict_previous_member(bootstrap: str, group: str, instance: str, *, timeout_s: float = 10.0) -> int:
+    """Remove from `group` the members a previous run of this worker left (member ids ``<instance>-...``);
+    how many were removed.
+
+    A SIGKILLed worker's member stays in the group until its session times out, and the next join waits
+    for that (the whole session timeout, 10 s, on top of the join itself). The worker knows its own dead
+    member by its client id, and removes it (LeaveGroup on its behalf) before it joins: the group
+    rebalances at once. Only a settled (Stable) group is touched: removing a member in the middle of a
+    join wedged Tansu 0.6's group; then the join waits for the session timeout as before. (Static
+    membership, KIP-345, would do this in the protocol, but Tansu 0.6 never syncs a restarted static
+    follower: it rejoins for ever.)
+    """
+    client = AIOKafkaClient(bootstrap_servers=bootstrap, client_id=f"{instance}-evict", request_timeout_ms=5_000)
+    try:
+        async with asyncio.timeout(timeout_s):
+            await client.bootstrap()
+            node = await client.coordinator_lookup(0, group)  # 0: a consumer group's coordinator
+            described = (await client.send(node, DescribeGroupsRequest([group]))).to_object()
+            mine = [
+                m["member_id"]
+                for g in described["groups"]
+                if g["state"] == "Stable"
+                for m in g["members"]
+                if str(m["member_id"]).startswith(f"{instance}-")
+            ]
+            for member in mine:
+                await client.send(node, LeaveGroupRequest(group, member))
+            return len(mine)
+    finally:
+        await client.close()
+
+
+def _evict_before_joining(settings: WorkerSettings, instance: str) -> str:
+    """`evict_previous_member` from a thread of its own (the worker's event loop does not run yet); what it
+    did, for the log (logging is not set up yet either)."""
+    outcome = ["no previous group member removed"]
+
+    def run() -> None:
+        try:
+            removed = asyncio.run(evict_previous_member(settings.bootstrap_servers, settings.app_id, instance))
+        except Exception as exc:  # no broker yet, no group yet: the join waits as it would have
+            outcome[0] = f"no previous group member removed ({exc!r})"
+            return
+        outcome[0] = f"removed {removed} group member(s) a previous run left behind"
+
+    thread = threading.Thread(target=run, name="evict-previous-member")
+    thread.start()
+    thread.join()
+    return outcome[0]
+
+
+class Folder:
+    """The glue between Faust and the pure fold, for one worker: batches in, table and dead letters out.
+
+    Per assignment of partitions (at start and after every rebalance): the changelog's tail that Faust's
+    restore did not read is applied (`restore_tail`, before the streams resume), then the owned
+    partitions are folded from the log up to its end (`catch_up`); only then is the worker ready.
+    Every write goes to the table's changelog and is acknowledged by the broker before the partition's
+    new stored offset is committed to the consumer group: what is committed is what is stored.
+    """
+
+    def __init__(
+        self,
+        app: Any,
+        settings: WorkerSettings,
+        table: Any,
+        dlq: Any,
+        backfill: Backfill,
+        *,
+        changelog: Backfill | None = None,
+        log_ends: Backfill | None = None,
+        starts: int = 0,
+    ) -> None:
         self.app = app
         self.settings = settings
         self.table = table
         self.dlq = dlq
         self.backfill = backfill
+        self.changelog = changelog
+        self.log_ends = log_ends
         self.verifier = decision_verifier(settings)
         self.topology_checked = asyncio.Event()
         self.caught_up = asyncio.Event()
         self._progressed = asyncio.Event()
         self._locks = [asyncio.Lock() for _ in range(settings.partitions)]
+        #: The events partitions this worker owns (set when an assignment is complete, cleared on revoke).
+        self.assigned: frozenset[int] = frozenset()
+        self.generation = 0
+        self.rebalances = 0
+        self._catching_up: asyncio.Task[None] | None = None
+        self.starts = starts
+        self.evicted = ""
+        self._began = time.monotonic()
+        self.recovery_s: float | None = None
         # Since this process started (not persisted): what the consumer delivered versus the watermark.
         self.redelivered: Counter[int] = Counter()
+        self.re_read: Counter[int] = Counter()
         self.read_back: Counter[int] = Counter()
         self.resumed: dict[int, dict[str, int]] = {}
+        #: Each owned partition's stored offset (watermark) as restored, before catching up: where the
+        #: last assignment resumed.
+        self.restored: dict[int, int] = {}
         self.failed_batches = 0
+        self.commit_failures = 0
+        #: The next offsets this process committed to the consumer group, per partition.
+        self.committed: dict[int, int] = {}
+        #: Per owned partition, the states' counts summed (`streams.view.totals`), kept up to date by
+        #: every write (recounted from the table when an assignment is caught up).
+        self._counts: dict[int, Counter[str]] = {}
+        self._log_end: dict[int, int] = {}
+        self._log_end_at = -_LOG_END_TTL_S
         self.first_fold_at: float | None = None  # wall clock, for throughput measured in the worker
         self.last_fold_at: float | None = None
 
@@ -140,9 +260,27 @@ class Folder:
 
     @property
     def ready(self) -> bool:
-        """Whether the worker may vouch for what it answers: topology checked, table recovered, and
-        everything the log held when the worker started folded."""
+        """Whether the worker may vouch for what it answers: topology checked, table restored, and its
+        partitions folded up to where the log ended when they were assigned."""
         return self.topology_checked.is_set() and self.caught_up.is_set() and self.recovered
+
+    def not_ready_reason(self) -> str:
+        if not self.topology_checked.is_set():
+            return "checking the events topic"
+        if not self.recovered:
+            return "restoring the table from its changelog, or rebalancing"
+        if not self.caught_up.is_set():
+            return "catching up on its partitions from the log"
+        return ""
+
+    def owner_of(self, partition: int) -> str | None:
+        """The URL of the group's worker that owns events `partition` (from the group's assignment, which
+        Faust's assignor shares with every member: each worker's changelog partitions and its URL)."""
+        distribution = getattr(self.app.assignor, "changelog_distribution", None) or {}
+        for url, topics in distribution.items():
+            if partition in (topics.get(self.settings.changelog_topic) or ()):
+                return str(url).rstrip("/")
+        return None
 
     def progress(self, partition: int) -> Progress:
         return Progress.from_json(self.table.get(progress_key(partition)))
@@ -166,34 +304,114 @@ class Folder:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(progressed.wait(), min(remaining, 0.2))
 
+    # ---- assignments ----------------------------------------------------------------------------------
+
+    async def on_revoked(self) -> None:
+        """A rebalance starts (Faust has stopped delivering and flushed its producer): stop catching up,
+        own nothing, not ready, until the next assignment is complete."""
+        self.assigned = frozenset()
+        self.caught_up.clear()
+        self._began = time.monotonic()
+        task, self._catching_up = self._catching_up, None
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+
+    async def on_assigned(self) -> None:
+        """An assignment is complete and the table restored, before Faust resumes the streams: apply the
+        changelog's tail the restore left out, then catch the owned partitions up (in the background)."""
+        assignment = self.app.consumer.assignment()
+        owned = frozenset(tp.partition for tp in assignment if tp.topic == self.settings.events_topic)
+        self.generation += 1
+        self.rebalances += 1
+        self.assigned = owned
+        self._counts = {p: self._counts.get(p, Counter()) for p in owned}
+        log.info("assigned events partitions %s (assignment %d)", sorted(owned), self.generation)
+        try:
+            await self.restore_tail(owned)
+        except Exception:
+            log.exception("reading the changelog's tail failed: the fold catches up from the log instead")
+        self.restored = {p: self.progress(p).offset for p in sorted(owned)}
+        log.info("restored: folded up to %s", self.restored)
+        self._catching_up = asyncio.create_task(self.catch_up(owned, self.generation), name="catch-up")
+
+    async def restore_tail(self, partitions: Iterable[int]) -> None:
+        """Apply the changelog records past where Faust's restore stopped, up to the changelog's real end.
+
+        Faust restores a table up to the end offsets the broker lists; Tansu 0.6 lists the base offset of
+        a partition's last batch, short of its real end, so the restored table lacks the last batch's
+        writes -- the last stored offset among them. Applying records again from an earlier offset, in
+        log order, leaves each key at its last write: the restored table then equals the changelog."""
+        if self.changelog is None:
+            return
+        owned = sorted(partitions)
+        if not owned:
+            return
+        recovery = self.app.tables.recovery
+        topic = self.settings.changelog_topic
+        ends = await self.changelog.end_offsets(self.settings.partitions)
+        applied = 0
+        for partition in owned:
+            tp = TP(topic, partition)
+            read_to = min(recovery.active_offsets.get(tp, -1), recovery.active_highwaters.get(tp, -1))
+            start, end = max(read_to + 1, 0), ends.get(partition, 0)
+            if start >= end:
+                continue
+            events = []
+            for item in await self.changelog.read(partition, start, end):
+                if isinstance(item, Missing):
+                    continue  # compacted away: a later write of the same key follows
+                message = Message(topic, partition, item.offset, 0.0, 0, None, item.key, item.value, None, tp=tp)
+                events.append(await self.table.changelog_topic.decode(message, propagate=True))
+            self.table.apply_changelog_batch(events)
+            applied += len(events)
+            log.info(
+                "partition %d: applied the changelog's tail %d..%d (%d records)", partition, start, end - 1, len(events)
+            )
+        if applied:
+            log.info("restored %d changelog records past the broker's listed end", applied)
+
     # ---- folding --------------------------------------------------------------------------------------
 
-    async def catch_up(self) -> None:
-        """Fold, from the log itself, everything between the recovered watermarks and the log's end.
+    async def catch_up(self, partitions: frozenset[int] | None = None, generation: int | None = None) -> None:
+        """Fold, from the log itself, everything between the owned partitions' stored offsets and the log's
+        end, commit the stored offsets, and become ready.
 
-        Faust resumes each partition at its committed offset, which may be past what the (recovered)
+        Faust resumes each partition at its committed offset, which may be past what the (restored)
         table holds: without this, the gap would be read back only when the next message arrives, and
         until then the worker would answer from a stale table."""
+        owned = self.assigned if partitions is None else partitions
+        await self.topology_checked.wait()
         if self.settings.catch_up:
             while True:
                 try:
-                    await self._catch_up_once()
+                    await self._catch_up_once(owned)
                     break
+                except asyncio.CancelledError:
+                    raise
                 except Exception:  # e.g. the broker is not answering yet: stay not ready, and retry
                     log.exception("catching up from the log failed; retrying in 1 s")
                     await asyncio.sleep(1.0)
-        self.caught_up.set()
+        self.recount(owned)
+        await self._commit({p: self.progress(p).offset + 1 for p in owned})
+        if generation is None or generation == self.generation:
+            self.recovery_s = time.monotonic() - self._began
+            self.caught_up.set()
+            log.info("ready in %.2f s: %s", self.recovery_s, {p: self.progress(p).offset for p in sorted(owned)})
 
-    async def _catch_up_once(self) -> None:
+    async def _catch_up_once(self, owned: frozenset[int]) -> None:
         ends = await self.backfill.end_offsets(self.settings.partitions)
         for partition, end in sorted(ends.items()):
+            if partition not in owned:
+                continue
             async with self._locks[partition]:
                 start = self.progress(partition).offset + 1
                 if start < end:
                     log.info("partition %d: catching up offsets %d..%d from the log", partition, start, end - 1)
                     await self._read_back(partition, start, end)
             self._notify()
-        log.info("caught up: %s", {p: self.progress(p).offset for p in sorted(ends)})
+        log.info("caught up: %s", {p: self.progress(p).offset for p in sorted(owned)})
 
     async def fold_batch(self, events: Sequence[Any]) -> None:
         """Fold a `take_events` batch, partition by partition. Never raises: a failed partition is
@@ -221,6 +439,8 @@ class Folder:
             self._notify()
 
     async def _fold_partition(self, partition: int, events: list[Any]) -> None:
+        if partition not in self.assigned:
+            raise NotOwnedError(f"partition {partition} is not assigned to this worker (any more)")
         expected = self.progress(partition).offset + 1
         first = events[0].message.offset
         if partition not in self.resumed:
@@ -255,12 +475,16 @@ class Folder:
     async def _read_back(self, partition: int, start: int, end: int) -> None:
         cursor = start
         while cursor < end:
-            stop = min(end, cursor + READ_BACK_CHUNK)
+            stop = min(end, cursor + self.settings.batch_size)
             await self._apply(partition, await self.backfill.read(partition, cursor, stop))
             self.read_back[partition] += stop - cursor
             cursor = stop
 
     async def _apply(self, partition: int, items: Sequence[Any]) -> None:
+        """Fold `items` on top of the partition's stored state; store the changed states, then the new
+        progress, wait until the broker has acknowledged every write, and commit the new stored offset."""
+        if partition not in self.assigned:
+            raise NotOwnedError(f"partition {partition} is not assigned to this worker (any more)")
         if self.first_fold_at is None:
             self.first_fold_at = time.time()
         before = self.progress(partition)
@@ -268,15 +492,43 @@ class Folder:
             self.settings.events_topic, partition, items, before, self.state, verifier=self.verifier
         )
         self.redelivered[partition] += result.redelivered
+        self.re_read[partition] += result.re_read
         if result.progress == before:
             return
         if result.dead_letters:
             await self._publish(result.dead_letters)
-        with _WritingFor(self.settings.events_topic, partition):
-            for key, state in result.writes.items():
-                self.table[state_key(key)] = state
-            self.table[progress_key(partition)] = result.progress.to_json()
+        counts = self._counts.setdefault(partition, Counter())
+        writes = []
+        for key, state in result.writes.items():
+            _count_change(counts, self.state(state_key(key)), state)
+            writes.append(self._write(partition, state_key(key), state))
+        writes.append(self._write(partition, progress_key(partition), result.progress.to_json()))
+        await asyncio.gather(*writes)  # acknowledged by the broker: stored
         self.last_fold_at = time.time()
+        await self._commit({partition: result.progress.offset + 1})
+
+    def _write(self, partition: int, key: str, value: Any) -> Any:
+        """Write `key` into the table and to the changelog partition of `partition` (the source partition,
+        as Faust routes a table written from a stream); the future of the changelog record."""
+        future = self.table.send_changelog(partition, key, value)
+        self.table.data[key] = value
+        return future
+
+    async def _commit(self, offsets: Mapping[int, int]) -> None:
+        """Commit `offsets` (partition -> next offset, as stored) to the consumer group, best effort:
+        external lag monitors read them. Nothing here reads them back: a restart resumes from the table."""
+        wanted = {p: o for p, o in offsets.items() if self.committed.get(p) != o and p in self.assigned}
+        if not wanted:
+            return
+        tps = {TP(self.settings.events_topic, p): o for p, o in wanted.items()}
+        try:
+            done = await self.app.consumer._commit_offsets(tps)  # flushes the producer first
+        except Exception as exc:
+            self.commit_failures += 1
+            log.warning("committing offsets %s failed (%r); lag monitors see older ones", wanted, exc)
+            return
+        if done:
+            self.committed.update(wanted)
 
     async def _publish(self, letters: Sequence[DeadLetter]) -> None:
         """Publish dead letters and wait for their acks, before the progress that covers them is written."""
@@ -292,6 +544,75 @@ class Folder:
         progressed, self._progressed = self._progressed, asyncio.Event()
         progressed.set()
 
+    # ---- counting -------------------------------------------------------------------------------------
+
+    def owned_states(self) -> dict[str, Mapping[str, Any]]:
+        """Every key's state in the partitions this worker owns."""
+        return {
+            k: v
+            for k, v in self.table.items()
+            if isinstance(k, str)
+            and k.startswith(STATE_PREFIX)
+            and isinstance(v, Mapping)
+            and v.get("partition") in self.assigned
+        }
+
+    def recount(self, partitions: Iterable[int]) -> None:
+        """Sum the states' counts of `partitions` from the table (once per assignment; every write after
+        it updates the sums)."""
+        wanted = set(partitions)
+        grouped: dict[int, dict[str, Mapping[str, Any]]] = {p: {} for p in wanted}
+        for key, state in self.table.items():
+            if isinstance(key, str) and key.startswith(STATE_PREFIX) and isinstance(state, Mapping):
+                partition = state.get("partition")
+                if partition in wanted:
+                    grouped[partition][key] = state
+        for partition, states in grouped.items():
+            self._counts[partition] = Counter(totals(states))
+
+    async def log_end_offsets(self) -> dict[int, int]:
+        """The log's end offsets, read at most once a second and within `_LOG_END_TIMEOUT_S` (empty when
+        the broker does not answer in time)."""
+        if self.log_ends is None:
+            return {}
+        now = time.monotonic()
+        if now - self._log_end_at >= _LOG_END_TTL_S:
+            try:
+                self._log_end = await asyncio.wait_for(
+                    self.log_ends.end_offsets(self.settings.partitions), _LOG_END_TIMEOUT_S
+                )
+            except Exception as exc:
+                log.warning("no end offsets for the metrics (%r)", exc)
+                self._log_end = {}
+            self._log_end_at = time.monotonic()
+        return self._log_end
+
+    def figures(self) -> WorkerFigures:
+        """What the metrics show (see `streams.metrics`)."""
+        parts = tuple(
+            PartitionFigures(
+                partition=p,
+                progress=self.progress(p),
+                states=dict(self._counts.get(p, {})),
+                log_end_offset=self._log_end.get(p),
+                committed_offset=self.committed.get(p),
+                redelivered=self.redelivered[p],
+                re_read=self.re_read[p],
+                read_back=self.read_back[p],
+            )
+            for p in sorted(self.assigned)
+        )
+        return WorkerFigures(
+            topic=self.settings.events_topic,
+            ready=self.ready,
+            partitions=parts,
+            failed_batches=self.failed_batches,
+            commit_failures=self.commit_failures,
+            starts=self.starts,
+            recovery_seconds=self.recovery_s if self.caught_up.is_set() else None,
+            rebalances=self.rebalances,
+        )
+
     # ---- HTTP -----------------------------------------------------------------------------------------
 
     async def baseline(self, view: View, request: Request, action_key: str) -> Response:
@@ -303,6 +624,16 @@ class Folder:
         except QueryError as exc:
             return view.json({"action_key": action_key, "status": "bad_request", "reason": str(exc)}, status=400)
         partition = key_partition(query, self.state(state_key(action_key)), settings.partitions)
+        if self.ready and partition not in self.assigned:
+            owner = self.owner_of(partition)
+            if owner is not None and not request.query.get("redirected"):
+                # Another worker of the group owns the key's partition: send the reader there (once).
+                query_text = urlencode({**request.query, "redirected": "1"})
+                location = f"{owner}/baseline/{quote(action_key, safe='')}?{query_text}"
+                body = unavailable_body(action_key, f"partition {partition} is folded by {owner}", partition, None)
+                return view.json(body, status=307, headers={"Location": location})
+            reason = f"partition {partition} is not assigned to this worker, and its owner is not known"
+            return view.json(unavailable_body(action_key, reason, partition, None), status=503)
         if not await self.wait_folded(partition, query.min_offset, query.wait_s):
             reason = (
                 "the worker is not ready (starting, recovering, catching up or rebalancing)"
@@ -315,32 +646,47 @@ class Folder:
         return view.json(baseline_body(action_key, state, partition, self.progress(partition)))
 
     def status(self) -> dict[str, Any]:
-        partitions = range(self.settings.partitions)
+        partitions = sorted(self.assigned)
         return {
             "ready": self.ready,
             "app_id": self.settings.app_id,
             "events_topic": self.settings.events_topic,
+            "assigned": partitions,
             "progress": {str(p): self.progress(p).to_json() for p in partitions},
+            "committed": {str(p): self.committed.get(p) for p in partitions},
+            "starts": self.starts,
+            "recovery_s": self.recovery_s,
             "since_start": {
                 "redelivered": {str(p): self.redelivered[p] for p in partitions},
+                "re_read": {str(p): self.re_read[p] for p in partitions},
                 "read_back": {str(p): self.read_back[p] for p in partitions},
                 "resumed": {str(p): v for p, v in self.resumed.items()},
+                "restored": {str(p): v for p, v in self.restored.items()},
                 "failed_batches": self.failed_batches,
+                "commit_failures": self.commit_failures,
+                "rebalances": self.rebalances,
                 "first_fold_at": self.first_fold_at,
                 "last_fold_at": self.last_fold_at,
             },
         }
 
     def totals(self) -> dict[str, Any]:
-        states = {k: v for k, v in self.table.items() if isinstance(k, str) and k.startswith(STATE_PREFIX)}
-        progress = [
-            Progress.from_json(v) for k, v in self.table.items() if isinstance(k, str) and k.startswith(PROGRESS_PREFIX)
-        ]
+        progress = [self.progress(p) for p in sorted(self.assigned)]
         summed: Counter[str] = Counter()
         for p in progress:
-            summed.update(p.to_json())
+            summed.update({k: v for k, v in p.to_json().items() if isinstance(v, int)})
         summed.pop("offset", None)
-        return {"ready": self.ready, "states": totals(states), "messages": dict(summed)}
+        return {"ready": self.ready, "states": totals(self.owned_states()), "messages": dict(summed)}
+
+
+def _count_change(counts: Counter[str], old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> None:
+    """Update a partition's summed counts (`streams.view.totals`) for one key's state going `old` -> `new`."""
+    if old is None:
+        counts["keys"] += 1
+    counts["baselines"] += bool(new.get("baseline")) - bool(old and old.get("baseline"))
+    before = (old or {}).get("counts") or {}
+    for name, count in (new.get("counts") or {}).items():
+        counts[name] += int(count) - int(before.get(name, 0))
 
 
 def _profile_view(profiler: cProfile.Profile, path: str) -> type[View]:
@@ -362,6 +708,8 @@ def create_app(settings: WorkerSettings) -> faust.App:
         autodiscover=False,
         processing_guarantee="at_least_once",  # exactly_once needs transactions, which Tansu refuses
         broker_session_timeout=settings.session_timeout_s,  # Tansu holds a join for half of it (SPEC §7)
+        broker_commit_interval=_NEVER_S,  # the worker commits what it stored (Folder._commit)
+        broker_commit_every=_NEVER,
         topic_partitions=settings.partitions,
         topic_replication_factor=1,
         table_standby_replicas=0,
@@ -394,9 +742,23 @@ def create_app(settings: WorkerSettings) -> faust.App:
         key_type=str,
         help="k:<action_key> -> folded state; w:<partition> -> the partition's progress",
     )
-    backfill = Backfill(settings.bootstrap_servers, settings.events_topic)
-    folder = Folder(app, settings, table, dlq, backfill)
+    bootstrap = settings.bootstrap_servers
+    backfill = Backfill(bootstrap, settings.events_topic)
+    changelog = Backfill(bootstrap, settings.changelog_topic)
+    log_ends = Backfill(bootstrap, settings.events_topic, timeout_s=_LOG_END_TIMEOUT_S)
+    folder = Folder(app, settings, table, dlq, backfill, changelog=changelog, log_ends=log_ends)
+    registry = worker_registry(folder.figures)
     profiler = cProfile.Profile() if settings.profile_path is not None else None
+
+    def init_worker(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
+        """`faust worker` is starting this app (the consumer does not exist yet): count the start, name the
+        worker's client after its instance id and remove the group member its previous run left behind.
+        (Faust sends the signal more than once.)"""
+        if not folder.starts:
+            folder.starts = record_start(settings.data_dir)
+            instance = instance_id(settings)
+            app.conf.broker_client_id = instance
+            folder.evicted = _evict_before_joining(settings, instance)
 
     async def start_folding() -> None:
         if profiler is not None:
@@ -409,19 +771,26 @@ def create_app(settings: WorkerSettings) -> faust.App:
             await app.crash(exc)
             raise
         folder.topology_checked.set()
-        await cast(Any, app.tables).recovery.completed.wait()
-        await folder.catch_up()
         log.info(
-            "folding %s (%d partitions) into table %s; dead letters to %s",
+            "folding %s (%d partitions) into table %s; dead letters to %s (start #%d, group member %s; %s)",
             settings.events_topic,
             settings.partitions,
             settings.changelog_topic,
             settings.dlq_topic,
+            folder.starts,
+            app.conf.broker_client_id,
+            folder.evicted,
         )
 
     async def fold(stream: Any) -> None:
         async for batch in stream.take_events(settings.batch_size, within=settings.batch_within_s):
             await folder.fold_batch(batch)
+
+    async def revoked(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
+        await folder.on_revoked()
+
+    async def assigned(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
+        await folder.on_assigned()
 
     class BaselineView(View):
         async def get(self, request: Request, action_key: str) -> Response:
@@ -435,14 +804,44 @@ def create_app(settings: WorkerSettings) -> faust.App:
         async def get(self, request: Request) -> Response:
             return self.json(folder.totals())
 
-    async def close_backfill(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
-        await backfill.close()
+    class HealthView(View):
+        """Liveness: the worker's event loop answers and the app has not crashed."""
 
+        async def get(self, request: Request) -> Response:
+            if getattr(app, "crashed", False):
+                return self.json({"status": "crashed"}, status=503)
+            return self.json({"status": "ok", "pid": os.getpid()})
+
+    class ReadyView(View):
+        """Readiness: 200 once the table is restored and the owned partitions caught up, else 503."""
+
+        async def get(self, request: Request) -> Response:
+            if folder.ready:
+                return self.json({"status": "ready", "assigned": sorted(folder.assigned)})
+            return self.json({"status": "not ready", "reason": folder.not_ready_reason()}, status=503)
+
+    class MetricsView(View):
+        """The Prometheus text format (`streams.metrics`)."""
+
+        async def get(self, request: Request) -> Response:
+            await folder.log_end_offsets()
+            return self.bytes(generate_latest(registry), content_type=CONTENT_TYPE_LATEST.split(";")[0])
+
+    async def close_backfill(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
+        for reader in (backfill, changelog, log_ends):
+            await reader.close()
+
+    app.on_worker_init.connect(init_worker)
     app.task(start_folding)
     app.agent(events, name="fold")(fold)
+    app.on_partitions_revoked.connect(revoked)
+    app.on_rebalance_complete.connect(assigned)
     app.page("/baseline/{action_key:.+}")(BaselineView)
     app.page("/fold/status")(StatusView)
     app.page("/fold/totals")(TotalsView)
+    app.page("/healthz")(HealthView)
+    app.page("/readyz")(ReadyView)
+    app.page("/metrics")(MetricsView)
     app.on_before_shutdown.connect(close_backfill)
     if profiler is not None:
         app.page("/fold/profile")(_profile_view(profiler, str(settings.profile_path)))

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import base64
 import json
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -102,24 +103,82 @@ class DeadLetter:
 class Progress:
     """How far a partition is folded (`offset`, inclusive; -1 before the first message) and what it saw.
 
-    The counts are exact: each offset is counted once, however often it is delivered.
+    The counts are exact: each offset is counted once, however often it is delivered or read again.
+    `applied` counts the messages folded into a key's state (new runs and outcomes, and the duplicates
+    the state recognises: a key's own `counts` tell these apart); `dead_letters` the messages that went
+    to the dead-letter topic instead, also by `dead_letter_code` in `dead_letter_codes`; `missing` the
+    offsets the log no longer held (one dead letter spans each such range).
     """
 
     offset: int = -1
     messages: int = 0
     applied: int = 0
-    duplicates: int = 0
     dead_letters: int = 0
     missing: int = 0
+    dead_letter_codes: Mapping[str, int] = field(default_factory=dict)
 
-    def to_json(self) -> dict[str, int]:
-        return asdict(self)
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "dead_letter_codes": dict(self.dead_letter_codes)}
 
     @classmethod
     def from_json(cls, data: Any) -> Progress:
         if not isinstance(data, Mapping):
             return cls()
-        return cls(**{name: int(data.get(name, default)) for name, default in asdict(cls()).items()})
+        counts = {name: int(data.get(name, default)) for name, default in _PROGRESS_COUNTS.items()}
+        codes = data.get("dead_letter_codes")
+        by_code = {str(k): int(v) for k, v in codes.items()} if isinstance(codes, Mapping) else {}
+        return cls(**counts, dead_letter_codes=by_code)
+
+
+_PROGRESS_COUNTS = {"offset": -1, "messages": 0, "applied": 0, "dead_letters": 0, "missing": 0}
+
+#: A dead letter's reason, as `fold_partition` and `preflight.fold.evolve` word it, mapped to a short code
+#: (the first pattern found in the reason wins): the label of the dead-letter counters, a bounded set.
+DEAD_LETTER_CODES: tuple[tuple[str, str], ...] = (
+    ("no longer in the log", "missing_offsets"),
+    ("internal error while folding", "internal_error"),
+    ("message has no key", "no_key"),
+    ("message key is not UTF-8", "key_not_utf8"),
+    ("tombstone", "tombstone"),
+    ("undecodable", "undecodable"),
+    ("unknown event_type", "unknown_event_type"),
+    ("unsupported schema_version", "unsupported_version"),
+    ("broken hash chain", "broken_chain"),
+    (" seq: expected ", "seq_out_of_order"),
+    ("does not match the message key", "key_mismatch"),
+    ("mixes events of several runs", "mixed_runs"),
+    ("seen before with different content", "conflicting_run"),
+    ("reused by run", "reused_event_id"),
+    ("for a run whose decision was", "outcome_without_execute"),
+    ("without a recorded execute decision", "outcome_without_execute"),
+    ("second outcome", "second_outcome"),
+    ("signature", "invalid_decision"),
+    ("expired", "invalid_decision"),
+    ("not valid before", "invalid_decision"),
+    ("validity period", "invalid_decision"),
+    ("occurred_at", "invalid_decision"),
+    ("does not match the approved decision", "outcome_mismatch"),
+    ("execution_approved events", "outcome_mismatch"),
+    ("cannot be rebuilt", "unrebuildable_run"),
+    ("did not rebuild", "unrebuildable_run"),
+    ("run_closed", "malformed_run"),
+    ("run_started", "malformed_run"),
+    ("a tail message carries", "malformed_run"),
+    ("empty array", "malformed_message"),
+    ("not a non-empty list", "malformed_message"),
+    ("is a JSON", "malformed_message"),
+    ("is not a UUID", "malformed_event"),
+    ("malformed", "malformed_event"),
+    ("mistyped", "malformed_event"),
+)
+
+
+def dead_letter_code(reason: str) -> str:
+    """The short code of a dead letter's `reason` (``other`` when no pattern matches)."""
+    for pattern, code in DEAD_LETTER_CODES:
+        if pattern in reason:
+            return code
+    return "other"
 
 
 @dataclass
@@ -131,7 +190,11 @@ class PartitionFold:
     progress: Progress
     writes: dict[str, dict[str, Any]] = field(default_factory=dict)
     dead_letters: list[DeadLetter] = field(default_factory=list)
+    #: Delivered at or below the watermark: skipped before decoding.
     redelivered: int = 0
+    #: Beyond the watermark but already in its key's state (`applied_offset`): the state was stored and
+    #: the watermark that covers it was not (a restart between the two writes). Folded again, unchanged.
+    re_read: int = 0
     baselines_changed: int = 0
 
 
@@ -168,7 +231,8 @@ def fold_partition(
     result = PartitionFold(topic, partition, progress)
     states: dict[str, dict[str, Any]] = {}
     offset, messages = progress.offset, progress.messages
-    applied, duplicates, dead, missing = progress.applied, progress.duplicates, progress.dead_letters, progress.missing
+    applied, dead, missing = progress.applied, progress.dead_letters, progress.missing
+    codes = Counter(progress.dead_letter_codes)
 
     for item in items:
         if item.partition != partition:
@@ -191,6 +255,7 @@ def fold_partition(
             )
             missing += item.end - 1 - offset
             dead += 1
+            codes["missing_offsets"] += 1
             offset = item.end - 1
             continue
         if item.offset <= offset:
@@ -203,6 +268,7 @@ def fold_partition(
 
         def reject(reason: str, item: Incoming = item) -> None:
             result.dead_letters.append(DeadLetter(reason, topic, partition, item.offset, item.key, item.value))
+            codes[dead_letter_code(reason)] += 1
 
         action_key, problem = _key_text(item.key)
         if action_key is None:
@@ -228,16 +294,14 @@ def fold_partition(
             reject(folded.reason or "anomaly")
             dead += 1
             continue
-        if folded.outcome == "duplicate":
-            duplicates += 1
-            if folded.reason == "offset already applied":
-                continue  # the state already holds this message: nothing changes
-        else:
-            applied += 1
+        applied += 1
+        if folded.outcome == "duplicate" and folded.reason == "offset already applied":
+            result.re_read += 1
+            continue  # the state already holds this message: nothing changes
         if folded.baseline_changed:
             result.baselines_changed += 1
         states[action_key] = folded.state
         result.writes[action_key] = folded.state
 
-    result.progress = Progress(offset, messages, applied, duplicates, dead, missing)
+    result.progress = Progress(offset, messages, applied, dead, missing, dict(sorted(codes.items())))
     return result

@@ -33,6 +33,7 @@ SETTINGS: dict[str, str] = {
     "catch_up": "catch_up",
     "decision_public_keys": "decision_public_keys",
     "decision_leeway_s": "decision_leeway_s",
+    "group_instance_id": "group_instance_id",
 }
 #: Environment variable -> settings field. Every variable is optional.
 ENV_VARS: dict[str, str] = {env_var(setting): name for name, setting in SETTINGS.items()}
@@ -51,7 +52,9 @@ class WorkerSettings:
     `decision_public_keys` (PEM files; ``PREFLIGHT_DECISION_PUBLIC_KEYS`` separates them with the
     platform's path separator) makes the fold count an outcome only for a decision signed by one of
     them, with `decision_leeway_s` of clock skew; without keys, outcomes are checked against the
-    approved decision's id, tool and arguments digest, not its signature.
+    approved decision's id, tool and arguments digest, not its signature. `group_instance_id` is the
+    worker's name in its consumer group, its Kafka client id (default: an id made on the first start and
+    kept in `data_dir`, see `streams.app.instance_id`): each worker of a group needs its own.
     """
 
     broker_url: str = "127.0.0.1:9092"
@@ -71,6 +74,7 @@ class WorkerSettings:
     catch_up: bool = True
     decision_public_keys: tuple[Path, ...] = ()
     decision_leeway_s: float = 0.0
+    group_instance_id: str | None = None
 
     def __post_init__(self) -> None:
         problems: list[str] = []

@@ -31,13 +31,17 @@ and the next publish replaces it with a new one (a new producer id, sequences fr
 the old one is closed in the background (its pending messages get `stop_timeout_s`, then fail). The
 publish that failed is not acknowledged, as always; `tests/reliability` restarts a broker under load.
 
-This module imports aiokafka (and nothing heavier): importing `preflight` does not load it.
+Each publish's time to its acknowledgement (or failure) is observed in the ``preflight_publish_ack_seconds``
+histogram (`preflight.adapters.ops`), in `prometheus_client`'s default registry.
+
+This module imports aiokafka and prometheus_client (nothing heavier): importing `preflight` does not load it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from types import TracebackType
@@ -58,6 +62,7 @@ from aiokafka.errors import (
 )
 from aiokafka.protocol.metadata import MetadataRequest
 
+from preflight.adapters.ops import PUBLISH_ACK_SECONDS
 from preflight.errors import ConstructionError, PreflightError, RecordingError
 from preflight.events import PreflightEvent, encode_message, kafka_key, message_headers
 
@@ -470,7 +475,12 @@ class KafkaEventSink:
         except (TypeError, ValueError) as exc:
             raise PublishError(f"the events cannot be encoded: {exc}", retriable=False, key=key) from exc
         producer = await self._usable(producer)
-        partition, offset = await self._send(producer, key, value, message_headers(events))
+        began, outcome = time.perf_counter(), "failed"
+        try:
+            partition, offset = await self._send(producer, key, value, message_headers(events))
+            outcome = "acknowledged"
+        finally:
+            PUBLISH_ACK_SECONDS.labels(self._topic, outcome).observe(time.perf_counter() - began)
         self._remember(key, partition, offset)
 
     async def _send(

@@ -427,6 +427,7 @@ class TestServe:
             "PREFLIGHT_DATA_DIR": str(tmp_path / "var"),
             "PREFLIGHT_API_PORT": str(api_port),
             "PREFLIGHT_WEB_PORT": str(web_port),
+            "PREFLIGHT_PROJECTOR_PORT": str(_free_port()),
             "PREFLIGHT_KEY_DIR": str(tmp_path / "keys"),
             "PREFLIGHT_API_TOKENS": f"compliance:{COMPLIANCE_TOKEN},analyst:{ANALYST_TOKEN}",
             "COLUMNS": "200",
@@ -469,6 +470,26 @@ class TestServe:
             assert anonymous is not None and anonymous.status_code == 401
             masked = _get(f"{base}/provenance", AS_ANALYST, run_id=inherited.run_id)
             assert masked is not None and "2200119" not in masked.text
+
+            # `status` reads both consumers' /metrics and the broker's committed offsets: once the projector
+            # and the worker are idle, what a lag monitor reads is what each stored, and no one lags.
+            def settled() -> Any:
+                run = subprocess.run(
+                    [CLI, "status", "--json"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60
+                )
+                return run.returncode == 0 and json.loads(run.stdout)
+
+            report = _until("status: every consumer ready and caught up", settled, process, log)
+            consumers = {c["name"]: c for c in report["consumers"]}
+            assert set(consumers) == {"fold worker", "projector"}
+            for consumer in consumers.values():
+                assert consumer["ready"] and consumer["lag"] == 0 and consumer["monitor_lag"] == 0, consumer
+                for part in consumer["partitions"]:
+                    assert part["committed"] == part["stored"] == part["log_end"], consumer
+            assert sum(consumers["projector"]["dead_letters"].values()) == 0
+            assert report["verify"] is None  # never run here
+            shown = subprocess.run([CLI, "status"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+            assert shown.returncode == 0 and "all consumers ready and caught up" in shown.stdout, shown
 
             busy = subprocess.run(
                 [CLI, "query", "integrity"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60

@@ -279,8 +279,12 @@ class ProjectorProcess:
         group: str = "live",
         batch_size: int = 20,
         decode_workers: int | None = None,
+        ops_port: int | None = None,
+        partitions: str | None = None,
     ) -> None:
         workers = [] if decode_workers is None else ["--decode-workers", str(decode_workers)]
+        ops = [] if ops_port is None else ["--ops-port", str(ops_port)]
+        owned = [] if partitions is None else ["--partitions", partitions]
         self.command = [
             sys.executable,
             "-m",
@@ -297,6 +301,8 @@ class ProjectorProcess:
             str(db),
             "--group",
             group,
+            *ops,
+            *owned,
         ]
         self.group = group
         self.topic = topic
@@ -351,6 +357,21 @@ class ProjectorProcess:
 
     def kill(self) -> int | None:
         return self._end(signal.SIGKILL, 10.0)
+
+    @property
+    def pid(self) -> int | None:
+        return self._popen.pid if self._popen is not None else None
+
+    def kill_alone(self) -> int | None:
+        """SIGKILL the projector's own process, not its process group (a crash, the OOM killer): whatever
+        it started must die with it by itself."""
+        popen = self._popen
+        _LIVE.discard(self)
+        if popen is None:
+            return None
+        with contextlib.suppress(ProcessLookupError):
+            popen.kill()
+        return popen.wait(timeout=10.0)
 
     def stop(self, timeout_s: float = 30.0) -> int | None:
         return self._end(signal.SIGTERM, timeout_s)

@@ -194,7 +194,9 @@ def test_every_message_is_folded_or_dead_lettered_and_good_runs_still_fold(
     result = _fold(messages)
     progress = result.progress
     assert (progress.offset, progress.messages) == (len(messages) - 1, len(messages))
-    assert progress.applied + progress.duplicates + progress.dead_letters == len(messages)
+    assert progress.applied + progress.dead_letters == len(messages)
+    assert sum(progress.dead_letter_codes.values()) == progress.dead_letters
+    assert "other" not in progress.dead_letter_codes, [letter.reason for letter in result.dead_letters]
     offsets = [letter.offset for letter in result.dead_letters]
     assert len(offsets) == len(set(offsets)) == progress.dead_letters
     for letter in result.dead_letters:

@@ -80,18 +80,18 @@ class TestFoldPartition:
         assert json.dumps({k: v for k, v in part.table.items()}, sort_keys=True) != before  # offset 3 applied
 
     @pytest.mark.parametrize(
-        ("key", "value", "reason"),
+        ("key", "value", "reason", "code"),
         [
-            (None, b"[]", "no key"),
-            (b"\xff\xfe", b"[]", "not UTF-8"),
-            (KEY.encode(), None, "tombstone"),
-            (KEY.encode(), b"{not json", "undecodable"),
-            (KEY.encode(), b"[]", "empty array"),
-            (KEY.encode(), b'[{"event_type":"mystery"}]', "unknown event_type"),
+            (None, b"[]", "no key", "no_key"),
+            (b"\xff\xfe", b"[]", "not UTF-8", "key_not_utf8"),
+            (KEY.encode(), None, "tombstone", "tombstone"),
+            (KEY.encode(), b"{not json", "undecodable", "undecodable"),
+            (KEY.encode(), b"[]", "empty array", "malformed_message"),
+            (KEY.encode(), b'[{"event_type":"mystery"}]', "unknown event_type", "unknown_event_type"),
         ],
     )
     async def test_bad_messages_become_dead_letters_with_their_bytes(
-        self, key: bytes | None, value: bytes | None, reason: str
+        self, key: bytes | None, value: bytes | None, reason: str, code: str
     ) -> None:
         part = Partition()
         good = await messages()
@@ -108,7 +108,10 @@ class TestFoldPartition:
         assert record["value_b64"] == (base64.b64encode(value).decode() if value is not None else None)
         assert record["key_b64"] == (base64.b64encode(key).decode() if key is not None else None)
         # The good message after it is folded: a bad one never stops the partition.
-        assert result.progress == Progress(offset=1, messages=2, applied=1, dead_letters=1)
+        assert result.progress.to_json() == {
+            **Progress(offset=1, messages=2, applied=1, dead_letters=1).to_json(),
+            "dead_letter_codes": {code: 1},
+        }
 
     async def test_an_anomaly_changes_no_state(self) -> None:
         h = await history()
@@ -129,7 +132,9 @@ class TestFoldPartition:
         result = part.fold([Incoming(0, 0, *good[0]), Missing(0, 1, 5), Incoming(0, 5, *good[1])])
         assert [(d.offset, d.end_offset) for d in result.dead_letters] == [(1, 4)]
         assert "no longer in the log" in result.dead_letters[0].reason
-        assert result.progress == Progress(offset=5, messages=2, applied=2, dead_letters=1, missing=4)
+        assert result.progress == Progress(
+            offset=5, messages=2, applied=2, dead_letters=1, missing=4, dead_letter_codes={"missing_offsets": 1}
+        )
 
     async def test_a_hole_is_the_callers_bug_and_raises(self) -> None:
         part = Partition()
@@ -143,11 +148,31 @@ class TestFoldPartition:
         part = Partition()
         good = await messages()
         result = part.fold([Incoming(0, 0, *good[0]), Incoming(0, 1, *good[0])])
-        assert result.progress == Progress(offset=1, messages=2, applied=1, duplicates=1)
+        assert result.progress == Progress(offset=1, messages=2, applied=2)
         assert part.table[state_key(KEY)]["counts"]["duplicates"] == 1
+        assert result.re_read == 0
+
+    async def test_a_state_ahead_of_its_watermark_is_re_read_not_a_duplicate(self) -> None:
+        """A restart between a batch's state writes and its watermark: the messages the states already
+        hold are read again, counted once (applied, as before), re-read -- never duplicates."""
+        part = Partition()
+        good = await messages()
+        items: list[Incoming | Missing] = [Incoming(0, i, k, v) for i, (k, v) in enumerate(good)]
+        part.fold(items)
+        once = json.dumps(part.table, sort_keys=True)
+        counted = part.progress
+        part.progress = Progress()  # the watermark's write was lost; the states' writes were not
+        again = part.fold(items)
+        assert again.re_read == len(good)
+        assert again.writes == {}
+        assert again.progress == counted
+        assert json.dumps(part.table, sort_keys=True) == once
+        assert part.table[state_key(KEY)]["counts"]["duplicates"] == 0
 
     def test_progress_round_trips_and_tolerates_garbage(self) -> None:
-        progress = Progress(offset=9, messages=10, applied=7, duplicates=1, dead_letters=2, missing=0)
+        progress = Progress(
+            offset=9, messages=10, applied=8, dead_letters=2, missing=0, dead_letter_codes={"tombstone": 2}
+        )
         assert Progress.from_json(progress.to_json()) == progress
         assert Progress.from_json(None) == Progress()
         assert Progress.from_json("w:0") == Progress()

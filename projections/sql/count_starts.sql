@@ -1,0 +1,1 @@
+SELECT count(*) FROM projector_starts WHERE projection = $projection;
