@@ -86,14 +86,24 @@ def _parameters(con: duckdb.DuckDBPyConnection) -> list[tuple[str, dict[str, Any
         d for (d,) in con.execute("SELECT decision_id FROM runs WHERE decision_id IS NOT NULL LIMIT 30").fetchall()
     ]
     days = [str(d) for (d,) in con.execute("SELECT DISTINCT started_at::DATE FROM runs").fetchall()]
-    asked: list[tuple[str, dict[str, Any]]] = [("gap_rates", {}), ("integrity", {}), ("reask_loops", {})]
+    whole = {"page_size": 1_000_000}  # one page holds every run: pages cut at ties would differ, whole sets not
+    asked: list[tuple[str, dict[str, Any]]] = [
+        ("gap_rates", {}),
+        ("integrity", {}),
+        ("reask_loops", {}),
+        ("proposal_divergence", {}),
+        ("dead_letters", {}),
+        ("runs_search", whole),
+    ]
     asked += [("gap_rates", {"from_day": d, "to_day": d}) for d in days]
     for key in keys:
         asked += [
             ("provenance", {"action_key": key}),
             ("integrity", {"action_key": key}),
             ("reask_loops", {"action_key": key}),
+            ("runs_search", {"action_key": key, **whole}),
         ]
+    asked += [("id_prefix", {"prefix": r[:4]}) for r in runs[:10]]
     asked += [("provenance", {"run_id": r}) for r in runs]
     asked += [("responsibility", {"run_id": r}) for r in runs]
     asked += [("responsibility", {"decision_id": d}) for d in decisions]

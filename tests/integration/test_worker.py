@@ -233,7 +233,7 @@ class TestDeadLetters:
             ("executed for a run whose decision was ask_user", key, forged),  # ...and a forged executed tail
             ("unsupported schema_version 99", key, _tampered(spare, set_version)),
             ("broken hash chain", key, _tampered(spare, alter_value)),
-            ("gap in seq: expected 2, got 3", key, _tampered(spare, drop_seq_2)),
+            ("gap in seq: expected seq 2, got 3", key, _tampered(spare, drop_seq_2)),
             *((None, k, v) for k, v in good.messages),  # the same run and tail again: duplicates, no anomaly
             *((None, k, v) for k, v in later.messages),  # a good execution after all of it
         ]
