@@ -286,7 +286,7 @@ class TestUpstreamFailures:
             again = await call(session, "alpha", {}, said("alpha please"))
         assert result.is_error is True and "the call failed" in result_text(result)
         assert again.is_error is True
-        assert "not connected" in result_text(again) or "Connection closed" in result_text(again)
+        assert "not connected" in result_text(again)  # the dead upstream is down at once, named
         assert [r.execution_decision for r in runs_of(sink)] == ["failed", "failed"]
 
     async def test_a_tool_list_that_changes_between_calls_is_answered_not_crashed(self, tmp_path: Path) -> None:
