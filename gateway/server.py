@@ -213,6 +213,7 @@ async def run_call(
             arguments,
             instruction=instruction,
             user_answers=answers,
+            answers_origin="elicitation" if answers else None,
             checklist_answers=checklist,
             approval=approval,
             tool_attempt=tool_attempt,

@@ -625,6 +625,7 @@ class _Run:
             user_id=inp.user_id,
             instruction=inp.instruction,
             user_answers=inp.user_answers,
+            answers_origin=inp.answers_origin,
             checklist_answers=inp.checklist_answers,
             pre_set_data=inp.pre_set_data,
             measured_data=inp.measured_data,
@@ -706,6 +707,8 @@ class _Run:
         }
         if inp.proposed_arguments is not None:
             preserve["proposed_arguments"] = inp.proposed_arguments
+        if inp.answers_origin is not None:
+            preserve["answers_origin"] = inp.answers_origin
         deferred_input = await call(self.hooks["build_deferred_input"], preserve)
         if not isinstance(deferred_input, Mapping):
             raise TypeError("build_deferred_input did not return a mapping")

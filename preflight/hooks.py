@@ -80,6 +80,8 @@ class LookupContext:
     user_id: str | None
     instruction: list[Segment] | str
     user_answers: Mapping[str, Any]
+    #: Where the user was asked for `user_answers` (PreflightInput.answers_origin), None when unsaid.
+    answers_origin: str | None
     checklist_answers: Mapping[str, Any]
     pre_set_data: Mapping[str, Any]
     measured_data: Mapping[str, Any]
@@ -145,6 +147,7 @@ def default_build_deferred_input(preserve: Mapping[str, Any]) -> dict[str, Any]:
         "instruction": preserve["instruction"],
         "user_checklist": preserve["user_checklist"],
         "user_answers": preserve["user_answers"],
+        **({"answers_origin": preserve["answers_origin"]} if preserve.get("answers_origin") is not None else {}),
     }
     if preserve.get("proposed_arguments") is not None:
         # Which arguments the call has is intent too: a `dryRun: true` must still be there at the trigger.

@@ -136,6 +136,9 @@ class PreflightInput(BaseModel):
     prior_execution_state: ExecutionRecord | None = None
     user_checklist: list[Any] = Field(default_factory=list)
     user_answers: dict[str, Any] = Field(default_factory=dict)
+    #: Where the user was asked for `user_answers` (e.g. "elicitation": an MCP elicitation form), recorded
+    #: in each answered field's evidence so that provenance can say how the user answered. None: unsaid.
+    answers_origin: str | None = None
     # The model's tools/call `arguments` as it sent them (SPEC §2.6): which optional arguments the call
     # has, never a source of their values. None: no proposal (the required arguments only).
     proposed_arguments: Any = None

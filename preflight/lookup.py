@@ -28,6 +28,8 @@ class Evidence:
     span: tuple[int, int] | None = None
     segment_origin: str | None = None
     pre_set_origin: str | None = None
+    #: Where the user was asked, for a tier-0 answer (written only when the run says so).
+    answer_origin: str | None = None
     measured: bool = False
     baseline: str | None = None
     baseline_run_id: str | None = None
@@ -37,8 +39,10 @@ class Evidence:
 
     def as_json(self) -> dict[str, Any]:
         proposed = {} if self.proposed is MISSING else {"proposed": self.proposed}
+        asked = {} if self.answer_origin is None else {"answer_origin": self.answer_origin}
         return {
             **proposed,
+            **asked,
             "tier": self.tier,
             "segment_index": self.segment_index,
             "span": list(self.span) if self.span is not None else None,
@@ -155,7 +159,7 @@ async def lookup_field(
     # Tier 0: an answer the user gave to an earlier ask (for this leaf, or for an object holding it).
     answered = given(ctx.user_answers, name)
     if answered is not MISSING:
-        return _known(name, answered, "user_answer", at, Evidence(tier="user_answer"))
+        return _known(name, answered, "user_answer", at, Evidence(tier="user_answer", answer_origin=ctx.answers_origin))
 
     # Tier 1: the user's own words, with coordinates. A plain-string instruction closes this tier.
     extract = hooks["extract_from_instruction"]

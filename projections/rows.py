@@ -200,6 +200,7 @@ FIELDS = TableSpec(
         ("pending_at_trigger", _B),
         ("note", _S),
         ("proposal", _S),  # matched | diverged | absent, on runs given a proposal (migration 008)
+        ("answer_origin", _S),  # where the user was asked, for an answered value (migration 010)
     ),
 )
 CHECKLIST = TableSpec(
@@ -700,6 +701,7 @@ def _field_columns(parts: _RunParts) -> Columns:
         "pending_at_trigger": [x.get("pending_at_trigger") is True for x in f],
         "note": [x.get("note") for x in f],
         "proposal": [x.get("proposal") for x in f],
+        "answer_origin": [x.get("answer_origin") for x in ev],
     }
 
 

@@ -10,6 +10,7 @@
 --   007_readable_action_key.sql
 --   008_proposal.sql
 --   009_projector_starts.sql
+--   010_answer_origin.sql
 
 -- table archive
 CREATE TABLE archive (
@@ -121,7 +122,8 @@ CREATE TABLE field_provenance (
     pending_at_trigger BOOLEAN NOT NULL,
     note VARCHAR,
     ingested_at TIMESTAMP WITH TIME ZONE DEFAULT(now()) NOT NULL,
-    proposal VARCHAR
+    proposal VARCHAR,
+    answer_origin VARCHAR
 );
 
 -- table gate_decisions

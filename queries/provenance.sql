@@ -1,7 +1,8 @@
 -- provenance: for an action_key or a run, each field's value (one row per argument leaf: a nested leaf is
 -- named by JSON Pointer, `/to/account`), where the run read it, whether the model proposed it (`proposal`:
 -- matched, diverged, absent; NULL without a proposal), and who supplied
--- it -- the user (by answering, or in their own words at a segment and span), a pre-set value and who
+-- it -- the user (by answering, and where they were asked when the run says so, e.g. `elicitation`; or in
+-- their own words at a segment and span), a pre-set value and who
 -- set it, or a system measurement. An inherited (prior_state) value is traced back through the
 -- baseline runs to the executed run that first supplied it, whose evidence it reports.
 -- The lineage stays within one action_key, as tier 4 does (a baseline is a run of the same key; one
@@ -18,13 +19,14 @@ run_key AS MATERIALIZED (  -- a given run's key (none asked: none)
 fields AS MATERIALIZED (
     SELECT run_id, field_index, name, value, status, source, origin_source, supplied_by, resolved_at,
            segment_index, span_start, span_end, segment_origin, pre_set_origin, measured, baseline_run_id,
-           lookup_failed, pending_at_trigger, note, proposal
+           lookup_failed, pending_at_trigger, note, proposal, answer_origin
     FROM field_provenance
     WHERE ($action_key IS NOT NULL AND action_key = $action_key) OR ($action_key IS NULL AND $run_id IS NULL)
     UNION ALL
     SELECT f.run_id, f.field_index, f.name, f.value, f.status, f.source, f.origin_source, f.supplied_by,
            f.resolved_at, f.segment_index, f.span_start, f.span_end, f.segment_origin, f.pre_set_origin,
-           f.measured, f.baseline_run_id, f.lookup_failed, f.pending_at_trigger, f.note, f.proposal
+           f.measured, f.baseline_run_id, f.lookup_failed, f.pending_at_trigger, f.note, f.proposal,
+           f.answer_origin
     FROM field_provenance AS f SEMI JOIN run_key AS k ON f.action_key IS NOT DISTINCT FROM k.action_key
 ),
 all_runs AS MATERIALIZED (
@@ -78,7 +80,7 @@ SELECT
     CASE
         WHEN s.status <> 'known' THEN 'nobody: the value is unknown'
         WHEN o.run_id IS NULL OR o.source = 'prior_state' THEN 'unknown: the run that first supplied it is not projected'
-        WHEN o.source = 'user_answer' THEN 'the user, answering a question'
+        WHEN o.source = 'user_answer' THEN 'the user, answering a question' || coalesce(' through ' || o.answer_origin, '')
         WHEN o.source = 'instruction' THEN printf(
             'the user, in their own words (segment %s, characters %s to %s)',
             coalesce(CAST(o.segment_index AS VARCHAR), '?'),
@@ -99,6 +101,7 @@ SELECT
     o.span_end,
     o.segment_origin,
     o.pre_set_origin,
+    o.answer_origin,
     o.measured,
     s.lookup_failed,
     s.pending_at_trigger,

@@ -85,6 +85,7 @@ class GuardedToolNode:
                 call.get("args") or {},
                 instruction=instruction + list(given.get("restated") or []),
                 user_answers=given.get("user_answers"),
+                answers_origin="interrupt" if given.get("user_answers") else None,
                 checklist_answers=given.get("checklist_answers"),
                 approval=given.get("approval"),
                 tool_attempt=int(given.get("tool_attempt") or 0),

@@ -8,7 +8,8 @@ settled (every required leaf plus every proposed one, nested values per JSON Poi
 by `preflight.results`), and otherwise returns a named
 `GuardedOutcome` the agent loop acts on: what is missing and in what form, never the proposed values.
 The user's answers come back as ``user_answers`` (and ``checklist_answers``, an ``approval``, or a
-restatement) on the next call for the same tool, which runs under the same action key.
+restatement) on the next call for the same tool, which runs under the same action key; ``answers_origin``
+says where the user was asked (the gateway passes ``"elicitation"``), and provenance reports it.
 
 What the calls are judged with comes from a `CallPolicy` (per tool: what the user calls the act, values
 set in advance, a checklist, a standing approval, fields a later call may inherit); the gateway builds one
@@ -519,6 +520,7 @@ class GuardedSession:
         *,
         instruction: Sequence[Mapping[str, Any]] = (),
         user_answers: Mapping[str, Any] | None = None,
+        answers_origin: str | None = None,
         checklist_answers: Mapping[str, Any] | None = None,
         approval: Mapping[str, Any] | None = None,
         tool_attempt: int = 0,
@@ -545,6 +547,8 @@ class GuardedSession:
             inp["fixed_pre_set"] = {
                 "c2_user_action_name": {"value": policy.action, "trust": "user", "origin": f"settings:{name}"}
             }
+        if answers_origin is not None:
+            inp["answers_origin"] = answers_origin
         if approval is not None:
             inp["approval"] = dict(approval)
         elif policy.approved:
@@ -558,6 +562,7 @@ class GuardedSession:
         *,
         instruction: Sequence[Mapping[str, Any]] = (),
         user_answers: Mapping[str, Any] | None = None,
+        answers_origin: str | None = None,
         checklist_answers: Mapping[str, Any] | None = None,
         approval: Mapping[str, Any] | None = None,
         tool_attempt: int = 0,
@@ -573,6 +578,7 @@ class GuardedSession:
             tool,
             instruction=instruction,
             user_answers=user_answers,
+            answers_origin=answers_origin,
             checklist_answers=checklist_answers,
             approval=approval,
             tool_attempt=tool_attempt,

@@ -1151,7 +1151,7 @@ class TestMigrations:
             v5 = {
                 **tables,
                 "runs": tables["runs"].drop_columns(["readable_action_key"]),
-                "field_provenance": tables["field_provenance"].drop_columns(["proposal"]),
+                "field_provenance": tables["field_provenance"].drop_columns(["proposal", "answer_origin"]),
             }
             write_batch(con, v5, expected_events=events)
             before = con.execute("SELECT * FROM archive ORDER BY event_id").fetchall()

@@ -210,7 +210,7 @@ class TestMigration005:
             tables = to_arrow(plan)
             # The runs as the projector of version 4 wrote them: without 005's columns, nor later ones.
             tables["runs"] = tables["runs"].drop_columns([*SIGNED_COLUMNS, *VERDICT_COLUMNS, "readable_action_key"])
-            tables["field_provenance"] = tables["field_provenance"].drop_columns(["proposal"])
+            tables["field_provenance"] = tables["field_provenance"].drop_columns(["proposal", "answer_origin"])
             write_batch(con, tables, expected_events=plan.archived)
             assert migrate(con) == [m.name for m in migrations()[4:]]
         finally:

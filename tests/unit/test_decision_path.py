@@ -263,6 +263,22 @@ class TestStep6Tiers:
         assert field(record, "to_account")["source"] == "user_answer"
         assert record.execution_decision == "execute"
 
+    async def test_an_answer_records_where_the_user_was_asked_only_when_the_run_says(self) -> None:
+        def evidence(pf: Any, record: Any, name: str) -> dict[str, Any]:
+            return next(
+                e.model_dump()["evidence"]
+                for e in pf.events_of(record)
+                if e.event_type == "field_resolved" and e.model_dump()["field"]["name"] == name
+            )
+
+        for origin in ("elicitation", None):
+            pf = create_preflight(hooks=hooks(), storage=MemoryStorage())
+            given = {"answers_origin": origin} if origin is not None else {}
+            record = await pf.run_and_record(transfer(user_answers={"to_account": "2200119"}, **given))
+            assert evidence(pf, record, "to_account").get("answer_origin") == origin
+            assert "answer_origin" not in evidence(pf, record, "amount")  # read from the words, not asked
+            assert ("answer_origin" in evidence(pf, record, "to_account")) is (origin is not None)
+
     async def test_an_answer_wins_over_the_instruction(self) -> None:
         record = await decide(user_answers={"amount": 400000, "to_account": "1"})
         assert field(record, "amount") | {"resolved_at": ""} == {
@@ -505,6 +521,16 @@ class TestStep7AtInstruction:
         assert data["deferred_input"]["user_answers"] == {"to_account": "1"}
         assert data["deferred_input"]["instruction"][0]["text"] == sc.INSTRUCTION_TEXT
         assert "measured_data" not in data["deferred_input"]
+
+    async def test_where_the_user_was_asked_is_preserved_with_the_answers(self) -> None:
+        record = await decide(
+            engine(classify_when_case=returns("recurring")),
+            user_answers={"to_account": "1"},
+            answers_origin="elicitation",
+            measured_data={"balance": 3},
+        )
+        assert record.execution_decision == "deferred"
+        assert dump(record)["deferred_input"]["answers_origin"] == "elicitation"
 
     async def test_the_checklist_is_not_verified_at_instruction_time(self) -> None:
         verify = Recorder(sc.verify_by_measurement)

@@ -1,6 +1,7 @@
 """`preflight-audit gateway` as a process: an SDK client starts it over stdio (as a desktop client would),
 the gateway starts a real upstream, publishes to a real broker, and the projector and the named queries
-see its traffic: the `provenance` query says the user supplied the elicited value answering a question."""
+see its traffic: the `provenance` query says the user supplied the elicited value answering a question
+through elicitation."""
 
 from __future__ import annotations
 
@@ -146,7 +147,8 @@ class TestProposedArguments:
         executed = {r["field"]: r for r in rows if r["outcome"] == "executed"}
         assert set(executed) == {"/to/account", "/to/bank_code"}
         account, bank = executed["/to/account"], executed["/to/bank_code"]
-        assert (account["source"], account["supplied_by_detail"]) == ("user_answer", "the user, answering a question")
+        assert (account["source"], account["answer_origin"]) == ("user_answer", "elicitation")
+        assert account["supplied_by_detail"] == "the user, answering a question through elicitation"
         assert account["proposal"] == "diverged"  # the model's account was not the user's
         assert bank["source"] == "instruction" and bank["proposal"] == "matched"
         assert bank["supplied_by_detail"].startswith("the user, in their own words")
