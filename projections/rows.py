@@ -919,29 +919,12 @@ def _prepare(incoming: Sequence[Incoming], *, detach: bool) -> PreparedChunk:
                 made.append((len(items), position, rows))
                 items.append(None)  # made once its state is known (`_run_columns`)
                 continue
-            e = decoded.event
-            events.append(e)
+            events.append(decoded.event)
             texts.append(decoded.encoded)
             where.append(position)
             indexes.append(0)
             executions.append(_execution_row(decoded))
-            items.append(
-                PreparedTail(
-                    position=position,
-                    run_id=decoded.run_id,
-                    event_id=e["event_id"].lower(),
-                    event_type=e["event_type"],
-                    seq=e["seq"],
-                    hash=e["hash"],
-                    prev_hash=e["prev_hash"],
-                    decision_id=e["decision_id"],
-                    tool_name=e["tool_name"],
-                    arguments_digest=e["arguments_digest"],
-                    timestamp=e["timestamp"],
-                    archive_row=first,
-                    execution_row=len(executions) - 1,
-                )
-            )
+            items.append(_prepared_tail(decoded, position, first, len(executions) - 1))
         if native is None:
             _extend(archive, _archive_columns(events, texts, indexes))
         run_columns, states = _run_columns(parts)
@@ -965,6 +948,26 @@ def _prepare(incoming: Sequence[Incoming], *, detach: bool) -> PreparedChunk:
         EXECUTIONS.name: _table(EXECUTIONS, executions),
     }
     return PreparedChunk(tuple(incoming), tuple(i for i in items if i is not None), tables, views)
+
+
+def _prepared_tail(decoded: VerifiedTail, position: int, archive_row: int, execution_row: int) -> PreparedTail:
+    """An outcome event's item: where its rows are, and what the planner checks it against."""
+    e = decoded.event
+    return PreparedTail(
+        position=position,
+        run_id=decoded.run_id,
+        event_id=e["event_id"].lower(),
+        event_type=e["event_type"],
+        seq=e["seq"],
+        hash=e["hash"],
+        prev_hash=e["prev_hash"],
+        decision_id=e["decision_id"],
+        tool_name=e["tool_name"],
+        arguments_digest=e["arguments_digest"],
+        timestamp=e["timestamp"],
+        archive_row=archive_row,
+        execution_row=execution_row,
+    )
 
 
 #: A message as a decode worker receives it: `Incoming`'s fields as a plain tuple (cheaper to pickle).
