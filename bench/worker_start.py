@@ -14,6 +14,7 @@ and, measured in the same run, the time a bare aiokafka consumer takes to read t
 topic (every record, no decoding): the floor of any restore from it. The figure is (i) over that.
 
     python bench/worker_start.py [--events 100000] [--keys 2000] [--partitions 2] [--restarts 3]
+                                 [--stop kill|term] [--session-timeout 10]
 """
 
 from __future__ import annotations
@@ -93,6 +94,7 @@ async def bench(args: argparse.Namespace) -> None:
             app_id=f"bench-start-{uuid.uuid4().hex[:8]}",
             web_port=_free_port(),
             data_dir=workdir / "worker-data",
+            session_timeout_s=args.session_timeout,
         )
         await create_topics(bootstrap, [topic, settings.changelog_topic], args.partitions)
         await create_topics(bootstrap, [settings.dlq_topic], 1)
@@ -143,6 +145,9 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=2, help="partitions of the events topic")
     parser.add_argument("--restarts", type=int, default=3, help="how many times the worker is ended and started")
     parser.add_argument("--stop", choices=("kill", "term"), default="kill", help="SIGKILL (default) or SIGTERM")
+    parser.add_argument(
+        "--session-timeout", type=float, default=10.0, help="the worker's session timeout, s (the broker's join hold)"
+    )
     parser.add_argument("--keep-log", type=Path, default=None, help="copy the worker's log here")
     parser.add_argument("--timeout", type=float, default=300.0, help="bound on each wait, s")
     asyncio.run(bench(parser.parse_args()))

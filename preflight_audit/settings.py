@@ -141,6 +141,14 @@ class Settings(BaseSettings):
     batch_within_s: float = Field(
         0.2, gt=0, allow_inf_nan=False, description="the fold worker's batch window, in seconds"
     )
+    session_timeout_s: float = Field(
+        10.0,
+        ge=1,
+        le=300,
+        allow_inf_nan=False,
+        description="the fold worker's consumer-group session timeout, in seconds (Tansu holds a join for about"
+        " half of it: a restart's wait; Apache Kafka accepts 6 to 1800 by default)",
+    )
     catch_up: bool = Field(
         True, description="the fold worker folds the log's backlog from the log itself at start (benchmarks: off)"
     )
@@ -277,6 +285,7 @@ class Settings(BaseSettings):
             "data_dir": self.data_dir / "worker",
             "batch_size": self.batch_size,
             "batch_within_s": self.batch_within_s,
+            "session_timeout_s": self.session_timeout_s,
             "profile_path": self.profile,
             "catch_up": self.catch_up,
             "decision_public_keys": tuple(dict.fromkeys((*self.decision_public_key_paths, *decision_public_keys))),

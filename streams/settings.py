@@ -29,6 +29,7 @@ SETTINGS: dict[str, str] = {
     "data_dir": "data_dir",
     "batch_size": "batch_size",
     "batch_within_s": "batch_within_s",
+    "session_timeout_s": "session_timeout_s",
     "profile_path": "profile",
     "catch_up": "catch_up",
     "decision_public_keys": "decision_public_keys",

@@ -150,13 +150,21 @@ class TestAPartOnItsOwn:
     @given(
         batch_size=st.integers(1, 10**6),
         batch_within_s=st.floats(0.001, 60, allow_nan=False),
+        session_timeout_s=st.floats(1, 300, allow_nan=False),
         partitions=st.integers(1, 1024),
         catch_up=st.booleans(),
         leeway=st.floats(0, 3600, allow_nan=False),
         keys=st.lists(st.from_regex(r"[a-z]{1,8}\.pem", fullmatch=True), max_size=3, unique=True),
     )
     def test_what_the_command_line_hands_a_worker_subprocess_is_what_it_reads(
-        self, batch_size: int, batch_within_s: float, partitions: int, catch_up: bool, leeway: float, keys: list[str]
+        self,
+        batch_size: int,
+        batch_within_s: float,
+        session_timeout_s: float,
+        partitions: int,
+        catch_up: bool,
+        leeway: float,
+        keys: list[str],
     ) -> None:
         """`WorkerSettings.to_env` (serve starting a worker) and `from_env` (the worker reading it) agree."""
         sent = WorkerSettings(
@@ -164,6 +172,7 @@ class TestAPartOnItsOwn:
             partitions=partitions,
             batch_size=batch_size,
             batch_within_s=batch_within_s,
+            session_timeout_s=session_timeout_s,
             catch_up=catch_up,
             decision_public_keys=tuple(Path(k) for k in keys),
             decision_leeway_s=leeway,
