@@ -19,7 +19,6 @@ import argparse
 import asyncio
 import hashlib
 import json
-import os
 import shutil
 import subprocess
 import time
@@ -36,8 +35,8 @@ from preflight.chain import GENESIS_HASH, jcs
 INPUT: dict[str, Any] = sc.transfer(user_answers=sc.READY_ANSWERS)
 HOOKS = sc.hooks()
 HERE = Path(__file__).resolve().parent
-#: Where `make reference-skeleton` puts the skeleton's file (git-ignored); PREFLIGHT_SKELETON overrides.
-SKELETON = Path(os.environ.get("PREFLIGHT_SKELETON", HERE / ".cache" / "execution-state-preflight.js"))
+#: Where `make reference-skeleton` puts the skeleton's file (git-ignored); `--skeleton` names another.
+SKELETON = HERE / ".cache" / "execution-state-preflight.js"
 
 
 async def decisions_per_second(n: int) -> tuple[float, list[dict[str, Any]]]:
@@ -109,15 +108,15 @@ def floor_seconds(templates: list[dict[str, Any]], n: int) -> dict[str, float]:
     return {"build": build, "canonical": canonical, "legacy": legacy, "hash": hashing}
 
 
-def skeleton_rate(n: int) -> float | str:
+def skeleton_rate(n: int, skeleton: Path) -> float | str:
     """The skeleton's decisions/s, or why it was not run."""
-    if not SKELETON.is_file():
-        return f"skipped: no {SKELETON} (make reference-skeleton)"
+    if not skeleton.is_file():
+        return f"skipped: no {skeleton} (make reference-skeleton)"
     node = shutil.which("node")
     if node is None:
         return "skipped: no node on PATH"
     out = subprocess.run(
-        [node, str(HERE / "skeleton.js"), str(SKELETON), str(n)], capture_output=True, text=True, check=True
+        [node, str(HERE / "skeleton.js"), str(skeleton), str(n)], capture_output=True, text=True, check=True
     )
     answer = json.loads(out.stdout.strip().splitlines()[-1])
     assert answer["decision"] == "execute", answer
@@ -127,13 +126,14 @@ def skeleton_rate(n: int) -> float | str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("-n", type=int, default=5000, help="decisions to time")
+    parser.add_argument("--skeleton", type=Path, default=SKELETON, help="the reference skeleton's file")
     args = parser.parse_args()
     rate, templates = asyncio.run(decisions_per_second(args.n))
     validate = validation_seconds(args.n)
     stages = floor_seconds(templates, args.n)
     floor = 1 / (validate + stages["build"] + stages["canonical"] + stages["hash"])
     legacy_floor = 1 / (validate + stages["build"] + stages["legacy"] + stages["hash"])
-    skeleton = skeleton_rate(args.n)
+    skeleton = skeleton_rate(args.n, args.skeleton)
     events = len(templates)
     print(f"engine: {rate:,.0f} decisions/s ({events} events each, {rate * events:,.0f} events/s)")
     print(

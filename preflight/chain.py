@@ -3,12 +3,13 @@ ledger's `verify` all apply it from here.
 
 **The hash.** An event's `hash` is the lower-case hex SHA-256 of its `prev_hash`, a newline, and the
 canonical JSON of every member but `hash`. From event schema version 3 that form is RFC 8785 (JSON
-Canonicalization Scheme, `jcs`): keys sorted by UTF-16 code units, no whitespace, UTF-8,
-numbers as ECMAScript writes them, no NaN -- so a verifier in any language
-with a JCS library recomputes it. Versions 1 and 2 were hashed over `canonical_json` (Python's
-`json.dumps` with sorted keys: keys by code point, floats as `repr`, integers of any size; still the form of
-the arguments and result digests and of the other signed or sealed texts) and still verify by it; `event_canonical_json` picks the form by the event's `schema_version`. The two forms spell every
-string, every integer and every key below U+E000 the same (`spelled_alike`). `content_hash` computes it; `hash_matches` checks a decoded event, on the exact text it was
+Canonicalization Scheme, `jcs`): keys sorted by UTF-16 code units, no whitespace, UTF-8, numbers as
+ECMAScript writes them, no NaN -- so a verifier in any language with a JCS library recomputes it.
+Versions 1 and 2 were hashed over `canonical_json` (Python's `json.dumps` with sorted keys: keys by code
+point, floats as `repr`, integers of any size; still the form of the arguments and result digests and of
+the other signed or sealed texts) and still verify by it; `event_canonical_json` picks the form by the
+event's `schema_version`. The two forms spell every string, every integer and every key below U+E000
+the same (`spelled_alike`). `content_hash` computes it; `hash_matches` checks a decoded event, on the exact text it was
 read from when that text is canonical (no re-serialisation), else by computing it. The compiled check of
 the projector (`native/`) is an optional accelerator of `hash_matches` over canonical texts, held to it by
 property tests (`tests/unit/test_native_decode.py`).
@@ -38,19 +39,19 @@ from preflight.errors import ChainError
 
 __all__ = [
     "GENESIS_HASH",
+    "LEGACY_HASH_VERSIONS",
     "TAIL_EVENT_TYPES",
     "ChainFault",
     "Fault",
     "RunCursor",
-    "LEGACY_HASH_VERSIONS",
+    "canonical_json",
     "content_hash",
     "es_number",
     "event_canonical_json",
-    "canonical_json",
     "hash_matches",
     "jcs",
-    "spelled_alike",
     "message_problem",
+    "spelled_alike",
     "verify_run",
 ]
 
@@ -215,7 +216,8 @@ def spelled_alike(text: bytes, *, floats_refused: bool = False) -> bool:
 def event_canonical_json(body: Mapping[str, Any]) -> bytes:
     """The canonical form an event of `body`'s `schema_version` is hashed and written in: RFC 8785 from
     version 3 on, `canonical_json` for versions 1 and 2."""
-    if body.get("schema_version") in LEGACY_HASH_VERSIONS:
+    version = body.get("schema_version")
+    if type(version) is int and version in LEGACY_HASH_VERSIONS:
         return canonical_json(body)
     return jcs(body)
 

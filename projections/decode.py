@@ -50,19 +50,17 @@ import msgspec
 import orjson
 from pydantic import BaseModel
 
-from preflight.chain import message_problem
+from preflight.chain import LEGACY_HASH_VERSIONS, message_problem, spelled_alike
 from preflight.errors import EventDecodeError
 from preflight.events import (
     EVENT_TYPES,
     SUPPORTED_EVENT_VERSIONS,
     TAIL_EVENT_TYPES,
     PreflightEvent,
-    canonical_json,
     content_hash,
     decode_event,
     event_canonical_json,
 )
-from preflight.chain import LEGACY_HASH_VERSIONS, spelled_alike
 from preflight.records import UNKEYED_RECORD_KEY
 
 __all__ = [

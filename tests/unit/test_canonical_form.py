@@ -75,10 +75,13 @@ def test_the_rfc_examples() -> None:
         "string": "\u20ac$\u000f\u000aA'\u0042\u0022\u005c\\\"/",
         "literals": [None, True, False],
     }
-    assert jcs(data) == (
-        '{"literals":[null,true,false],"numbers":[333333333.3333333,1e+30,4.5,0.002,1e-27],'
-        '"string":"\u20ac$\\u000f\\nA\'B\\"\\\\\\\\\\"/"}'
-    ).encode()
+    assert (
+        jcs(data)
+        == (
+            '{"literals":[null,true,false],"numbers":[333333333.3333333,1e+30,4.5,0.002,1e-27],'
+            '"string":"\u20ac$\\u000f\\nA\'B\\"\\\\\\\\\\"/"}'
+        ).encode()
+    )
     # Section 3.2.3: keys sorted by UTF-16 code units (the emoji, a surrogate pair, before U+FB33).
     keys = {
         "\u20ac": "Euro Sign",
