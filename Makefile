@@ -97,6 +97,7 @@ soak: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/engine.py
 	$(BIN)/python bench/fold.py
+	$(BIN)/python bench/scale_out.py
 	$(BIN)/python bench/projector.py
 	$(BIN)/python bench/lookup_runs.py
 	$(BIN)/python bench/freshness.py

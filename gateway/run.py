@@ -12,6 +12,10 @@ Transports: ``stdio`` (the default: a desktop client starts the gateway itself; 
 written to stdout) or ``http`` (streamable HTTP at ``/mcp``; every request needs
 ``Authorization: Bearer <token>``, a token of the ``tokens_file`` the gateway settings name, and runs as
 that token's user).
+
+Operations: with ``ops=(host, port)`` (``--ops-port``) the gateway serves ``/metrics`` (its
+`gateway.telemetry.GatewayMetrics`), ``/healthz`` and ``/readyz`` (ready while every upstream is
+connected) through `preflight.adapters.ops.OpsServer`, as the worker and the projector do.
 """
 
 from __future__ import annotations
@@ -27,17 +31,19 @@ from mcp.server.stdio import stdio_server
 
 from gateway.server import Gateway
 from gateway.settings import GatewaySettingsError, SettingsFile, TokenFile
+from gateway.telemetry import GatewayMetrics
 from gateway.upstreams import Upstreams
 from preflight import create_preflight
 from preflight.adapters.baseline import BaselineStorage
 from preflight.adapters.kafka import KafkaEventSink
 from preflight.adapters.mcp import call_hooks
+from preflight.adapters.ops import OpsServer
 from preflight.api import Preflight
 from preflight.ports import EventSink, Storage
 from preflight.protect import ValueProtector
 from preflight.signing import DecisionSigner
 
-__all__ = ["BearerAuth", "build_engine", "http_app", "run_gateway", "serve_gateway"]
+__all__ = ["BearerAuth", "build_engine", "http_app", "readiness", "run_gateway", "serve_gateway"]
 
 Transport = Literal["stdio", "http"]
 Scope = MutableMapping[str, Any]
@@ -165,6 +171,7 @@ async def run_gateway(
     host: str = "127.0.0.1",
     port: int = 8765,
     errlog: TextIO | None = None,
+    ops: tuple[str, int] | None = None,
 ) -> None:
     """Start the upstreams and serve until cancelled (the caller owns the broker)."""
     err = errlog or sys.stderr
@@ -178,7 +185,7 @@ async def run_gateway(
         Upstreams(config.servers, errlog=err) as upstreams,
     ):
         who = user_of_request(tokens) if transport == "http" and tokens is not None else None
-        gateway = Gateway(settings, upstreams, engine, user_of_request=who)
+        gateway = Gateway(settings, upstreams, engine, user_of_request=who, metrics=GatewayMetrics(upstreams.status))
         tools = len(upstreams.tools())
 
         def started(where: str) -> None:
@@ -189,4 +196,20 @@ async def run_gateway(
                 flush=True,
             )
 
-        await serve_gateway(gateway, transport, host=host, port=port, tokens=tokens, started=started)
+        with contextlib.ExitStack() as stack:
+            if ops is not None:
+                server = stack.enter_context(OpsServer(ops[0], ops[1], gateway.metrics.registry, readiness(upstreams)))
+                print(f"preflight gateway: metrics on {server.url}/metrics", file=err, flush=True)
+            await serve_gateway(gateway, transport, host=host, port=port, tokens=tokens, started=started)
+
+
+def readiness(upstreams: Upstreams) -> Callable[[], tuple[bool, str]]:
+    """Ready while every upstream is connected (else the reason names the ones that are not)."""
+
+    def ready() -> tuple[bool, str]:
+        down = {name: why for name, why in upstreams.status().items() if why != "connected"}
+        if down:
+            return False, "; ".join(f"upstream {name}: {why}" for name, why in sorted(down.items()))
+        return True, "every upstream is connected"
+
+    return ready

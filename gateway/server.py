@@ -15,6 +15,10 @@
    a client without the elicitation capability gets an ``isError`` result saying what is missing;
 5. shadow mode records every decision and forwards every call unchanged, asking nothing.
 
+Each call is counted in `gateway.telemetry.GatewayMetrics` (by outcome, each run by decision and gap
+class, each question by the user's action); its preflight runs join the caller's trace, which the SDK
+carries in the request's ``_meta`` (see `gateway.telemetry`).
+
 Fail closed: a decision that could not be recorded, a settings file that does not parse, or an error of
 the preflight itself calls nothing (an ``isError`` result says why). Nothing here raises into the SDK's
 server loop for a bad request: each is an ``isError`` result, and the gateway stays up.
@@ -23,6 +27,7 @@ server loop for a bad request: each is an ``isError`` result, and the gateway st
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -41,6 +46,7 @@ from mcp.types import (
 )
 
 from gateway.settings import GatewayConfig, GatewaySettingsError, SettingsFile
+from gateway.telemetry import GatewayMetrics
 from gateway.upstreams import Upstreams
 from preflight.adapters.mcp import (
     GuardedOutcome,
@@ -77,11 +83,13 @@ class Gateway:
         preflight: Preflight,
         *,
         user_of_request: Callable[[ServerRequestContext[Any, Any]], str | None] | None = None,
+        metrics: GatewayMetrics | None = None,
     ) -> None:
         self.settings = settings
         self.upstreams = upstreams
         self.preflight = preflight
         self._user_of_request = user_of_request
+        self.metrics = metrics if metrics is not None else GatewayMetrics(upstreams.status)
         self.calls = 0
 
     # ---- tools/list -------------------------------------------------------------------------------------------
@@ -106,26 +114,34 @@ class Gateway:
 
     async def call_tool(self, ctx: ServerRequestContext[Any, Any], params: CallToolRequestParams) -> CallToolResult:
         self.calls += 1
+        started = time.perf_counter()
+        meta = dict(params.meta or {}) if params.meta is not None else {}
         try:
-            return await self._call(ctx, params)
+            result, outcome = await self._call(ctx, params, meta)
         except Exception as exc:  # fail closed: the preflight's own error calls nothing
             log.exception("gateway: the call of %s failed inside the gateway", params.name)
-            return error_result(f"{params.name}: nothing was called: the gateway failed ({type(exc).__name__})")
+            result, outcome = (
+                error_result(f"{params.name}: nothing was called: the gateway failed ({type(exc).__name__})"),
+                "error",
+            )
+        self.metrics.called(outcome, time.perf_counter() - started)
+        return result
 
-    async def _call(self, ctx: ServerRequestContext[Any, Any], params: CallToolRequestParams) -> CallToolResult:
+    async def _call(
+        self, ctx: ServerRequestContext[Any, Any], params: CallToolRequestParams, meta: dict[str, Any]
+    ) -> tuple[CallToolResult, str]:
         name = params.name
         try:
             config = self.settings.current()
         except GatewaySettingsError as exc:
-            return error_result(f"{name}: nothing was called: the gateway's settings cannot be used: {exc}")
+            return error_result(f"{name}: nothing was called: the gateway's settings cannot be used: {exc}"), "refused"
         user = self._user(ctx, config)
         if user is None:
-            return error_result(f"{name}: nothing was called: no user for this request")
-        meta = dict(params.meta or {}) if params.meta is not None else {}
+            return error_result(f"{name}: nothing was called: no user for this request"), "refused"
         try:
             instruction = instruction_from_meta(meta)
         except InstructionMetaError as exc:
-            return error_result(f"{name}: nothing was called: {exc}")
+            return error_result(f"{name}: nothing was called: {exc}"), "refused"
         agent = self.client_name(ctx) + ("+shadow" if config.shadow else "")
         guard = GuardedSession(
             None,
@@ -138,7 +154,7 @@ class Gateway:
             list_upstream=self._listing,
         )
         ask = self._asker(ctx)
-        return await run_call(guard, name, params.arguments, instruction, ask)
+        return await run_call(guard, name, params.arguments, instruction, ask, self.metrics)
 
     async def _listing(self, refresh: bool) -> list[Tool]:
         return await self.upstreams.list_tools(refresh=refresh)
@@ -182,9 +198,11 @@ async def run_call(
     arguments: Mapping[str, Any] | None,
     instruction: list[dict[str, Any]],
     ask: Ask | None,
-) -> CallToolResult:
+    metrics: GatewayMetrics | None = None,
+) -> tuple[CallToolResult, str]:
     """One `tools/call` through the preflight, asking the user (`ask`) until it executes, holds, or the
-    user declines (see the module docstring)."""
+    user declines (see the module docstring): its result, and how it ended (a `GatewayMetrics` outcome);
+    each run and each question is counted in `metrics`."""
     answers: dict[str, Any] = {}
     checklist: dict[str, Any] = {}
     approval: dict[str, Any] | None = None
@@ -200,32 +218,37 @@ async def run_call(
             tool_attempt=tool_attempt,
             intent_attempt=intent_attempt,
         )
+        if metrics is not None and outcome.state is not None:
+            metrics.decided(outcome.state)
         form = elicitation_form(outcome)
         if outcome.status != "asked" or form is None:
-            return _result_of(outcome)
+            return _result_of(outcome), outcome.status
         if ask is None:
-            return error_result(
-                outcome.describe() + " (This client cannot be asked: it has no elicitation capability.)"
-            )
+            text = outcome.describe() + " (This client cannot be asked: it has no elicitation capability.)"
+            return error_result(text), "asked"
         try:
             action, content = await ask(*form)
         except MCPError as exc:
-            return error_result(f"{outcome.describe()} (The question could not be asked: {exc})")
+            if metrics is not None:
+                metrics.asked("error")
+            return error_result(f"{outcome.describe()} (The question could not be asked: {exc})"), "asked"
+        if metrics is not None:
+            metrics.asked(action)
         if action != "accept":
-            return error_result(f"{name}: nothing was called: the user {action}d the question")
+            return error_result(f"{name}: nothing was called: the user {action}d the question"), "declined"
         said = answers_from_form(outcome, content)
         answers.update(said.user_answers)
         checklist.update(said.checklist_answers)
         state = outcome.state
         if outcome.gate == "approval_required":
             if said.approved is not True:
-                return error_result(f"{name}: nothing was called: the user did not approve it")
+                return error_result(f"{name}: nothing was called: the user did not approve it"), "declined"
             approval = {"status": "active", "scope": name}
         elif outcome.gate in ("tool_undetermined", "intent_undetermined"):
             if said.restatement is None:
-                return error_result(f"{name}: nothing was called: no restatement was given")
+                return error_result(f"{name}: nothing was called: no restatement was given"), "declined"
             instruction = [*instruction, {"text": said.restatement, "trust": "user", "origin": "elicitation"}]
             gate = state.gate if state is not None else None
             tool_attempt = getattr(gate, "next_tool_attempt", None) or tool_attempt
             intent_attempt = getattr(gate, "next_intent_attempt", None) or intent_attempt
-    return error_result(f"{name}: nothing was called: still not settled after {MAX_QUESTIONS} questions")
+    return error_result(f"{name}: nothing was called: still not settled after {MAX_QUESTIONS} questions"), "held"

@@ -23,7 +23,9 @@ from anyio.abc import TaskGroup
 from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.client.session import IncomingMessage
 from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
 from mcp.types import (
+    CONNECTION_CLOSED,
     CallToolResult,
     Implementation,
     PaginatedRequestParams,
@@ -186,7 +188,16 @@ class Upstreams:
         if session is None:
             raise UpstreamUnavailable(f"upstream {up.name!r} is not connected ({up.error or 'stopped'})")
         request_meta = RequestParamsMeta(**meta) if meta else None  # type: ignore[typeddict-item]
-        return await session.call_tool(name, arguments, self._call_timeout, meta=request_meta)
+        try:
+            return await session.call_tool(name, arguments, self._call_timeout, meta=request_meta)
+        except MCPError as exc:
+            if exc.error.code == CONNECTION_CLOSED and up.session is session:
+                # The upstream is gone (its process exited): it is down from now on, not only once its
+                # holding task notices, so readiness and the next call say so.
+                up.error = "the connection closed during a call"
+                up.session = None
+                up.stop.set()
+            raise
 
     def status(self) -> dict[str, str]:
         """Each upstream's state: ``connected`` or why not."""

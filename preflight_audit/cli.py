@@ -826,10 +826,16 @@ def gateway(
     ] = False,
     host: Annotated[str, typer.Option(help="HTTP: where to listen")] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=1, max=65535, help="HTTP: the port")] = 8765,
+    ops_port: Annotated[
+        int | None,
+        typer.Option("--ops-port", min=0, max=65535, help="serve /metrics, /healthz and /readyz on this port"),
+    ] = None,
+    ops_host: Annotated[str, typer.Option("--ops-host", help="where /metrics listens")] = "127.0.0.1",
 ) -> None:
     """Serve the MCP gateway over stdio (an MCP client starts it) or streamable HTTP, until stopped.
 
     Events go to the configured broker (an embedded one is started when PREFLIGHT_BROKER names none).
+    With --ops-port, its Prometheus metrics, liveness and readiness are served over HTTP there.
     """
     if ctx.invoked_subcommand is not None:
         return
@@ -859,6 +865,7 @@ def gateway(
                     transport="http" if http else "stdio",
                     host=host,
                     port=port,
+                    ops=(ops_host, ops_port) if ops_port is not None else None,
                 )
             )
         except GatewaySettingsError as exc:

@@ -1,9 +1,11 @@
 """The guarded MCP client session: every `tools/call` goes through the preflight before it reaches a server.
 
 `GuardedSession` wraps an `mcp.ClientSession`. Its `call_tool(name, arguments, ...)` lists and caches the
-server's tools, runs the preflight with the model's proposal and the user's trusted instruction segments,
-calls the tool only on an `execute` decision (through `Preflight.execute_if_ready`, so the outcome is
-recorded `executed` or `failed` from the `CallToolResult`), and otherwise returns a named
+server's tools, runs the preflight with the model's arguments as ``proposed_arguments`` and the user's
+trusted instruction segments, calls the tool only on an `execute` decision with the arguments the engine
+settled (every required leaf plus every proposed one, nested values per JSON Pointer path; through
+`Preflight.execute_if_ready`, so the outcome is recorded `executed` or `failed` from the `CallToolResult`
+by `preflight.results`), and otherwise returns a named
 `GuardedOutcome` the agent loop acts on: what is missing and in what form, never the proposed values.
 The user's answers come back as ``user_answers`` (and ``checklist_answers``, an ``approval``, or a
 restatement) on the next call for the same tool, which runs under the same action key.
@@ -15,10 +17,12 @@ from its TOML settings. `call_hooks` are the engine hooks this module's sessions
 * C1 is ``immediate`` (a tools/call is made now); C2 is the user's own words when trusted segments are
   passed, else the policy's ``action`` for the tool (a pre-set name, ``fixed_pre_set``), else unsettled;
 * the tool gate approves a tool whose policy ``action`` is C2, or whose name's words occur in C2;
-* tier 1 finds a proposed value in the user's trusted words only where the text there writes it as a
-  whole token (`preflight.normalise`), and cites that span: the model points, the user's words decide;
+* tier 1 is `preflight.extract.proposal_extractor`: a proposed leaf's value is taken from the user's
+  trusted words only where the text there writes it as a whole token, citing that span: the model points,
+  the user's words decide;
 * no measurements (tier 3 empty); tier 4 only for the fields the policy lets a later call inherit;
-* a settled value is validated against its property's JSON Schema (`jsonschema`);
+* no extra schema rules: the engine validates every leaf and the assembled call against the tool's whole
+  ``inputSchema`` itself (`preflight.arguments`);
 * a checklist item is verified only by the user's explicit confirmation (``checklist_answers[id] is True``).
 
 Request ``_meta`` keys (defined here, documented in the README):
@@ -42,15 +46,14 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from jsonschema import Draft202012Validator, SchemaError
-from jsonschema.validators import validator_for
 from mcp import ClientSession
 from mcp.types import CallToolResult, RequestParamsMeta, TextContent, Tool
 
 from preflight.api import Preflight
+from preflight.arguments import call_arguments, leaf_schema
 from preflight.errors import RecordingError
+from preflight.extract import proposal_extractor
 from preflight.hooks import Hook, LookupContext
-from preflight.normalise import denotes, number_of, whole_token
 from preflight.records import AdmissionGate, ExecutionRecord, IntentGate, ToolGate, ValueGate
 
 __all__ = [
@@ -62,7 +65,6 @@ __all__ = [
     "InstructionMetaError",
     "MissingField",
     "ToolPolicy",
-    "UpstreamToolError",
     "answers_from_form",
     "call_hooks",
     "elicitation_form",
@@ -118,7 +120,6 @@ class CallPolicy:
 @dataclass(frozen=True)
 class _Call:
     tool: str
-    proposal: Mapping[str, Any]
     policy: ToolPolicy
 
 
@@ -158,48 +159,6 @@ def _trusted(instruction: Any) -> list[tuple[int, str]]:
     return [(i, s.text) for i, s in enumerate(instruction) if getattr(s, "trust", None) == "user"]
 
 
-def _candidates(text: str, value: Any) -> list[tuple[int, int]]:
-    """Spans of `text` that may write `value` (each still checked by `denotes` and `whole_token`)."""
-    if isinstance(value, bool):
-        word = "true" if value else "false"
-        return [(m.start(), m.end()) for m in re.finditer(re.escape(word), text, re.IGNORECASE)]
-    if isinstance(value, (int, float)):
-        spans = []
-        for m in re.finditer(r"[+-]?\d[\d,'_ \u00a0\u202f]*(?:\.\d+)?", text):
-            chunk = m.group().rstrip(",'_ \u00a0\u202f")
-            if number_of(chunk) is not None:
-                spans.append((m.start(), m.start() + len(chunk)))
-        return spans
-    if isinstance(value, str) and value.strip():
-        return [(m.start(), m.end()) for m in re.finditer(re.escape(value.strip()), text, re.IGNORECASE)]
-    return []
-
-
-def find_in_words(instruction: Any, value: Any, schema: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """A tier-1 claim for `value`: the first span of a trusted segment whose text writes it, or None."""
-    numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
-    for index, text in _trusted(instruction):
-        for start, end in _candidates(text, value):
-            if denotes(text[start:end], value, schema) and whole_token(text, start, end, numeric=numeric):
-                return {"value": value, "segment_index": index, "span": [start, end]}
-    return None
-
-
-def _schema_check(value: Any, schema: Any) -> str | None:
-    if not isinstance(schema, Mapping):
-        return None
-    try:
-        plain = dict(schema)
-        cls = validator_for(plain, default=Draft202012Validator)
-        cls.check_schema(plain)
-        error = next(iter(cls(plain).iter_errors(value)), None)
-    except SchemaError as exc:
-        return f"the tool's schema for this argument is invalid: {exc.message}"
-    except Exception as exc:  # an unresolvable $ref and the like: never a pass
-        return f"the tool's schema for this argument cannot be checked: {type(exc).__name__}"
-    return None if error is None else error.message
-
-
 def call_hooks() -> dict[str, Hook]:
     """The engine hooks for MCP calls judged through `GuardedSession` (see the module docstring)."""
 
@@ -221,12 +180,6 @@ def call_hooks() -> dict[str, Hook]:
             return {"approved": True, "reason": f"the user's words name what {name} does ({', '.join(shared)})"}
         return {"approved": False, "reason": "the user's words do not name what this tool does"}
 
-    def extract_from_instruction(name: str, instruction: Any) -> dict[str, Any] | None:
-        call = _current()
-        if call is None or name not in call.proposal:
-            return None
-        return find_in_words(instruction, call.proposal[name], None)
-
     def measure_from_environment(name: str, ctx: LookupContext) -> None:
         return None
 
@@ -240,7 +193,7 @@ def call_hooks() -> dict[str, Hook]:
         return {**record, "value": None, "status": "unknown", "source": None, "note": "not inherited (policy)"}
 
     def validate_field_schema(value: Any, schema: Any, ctx: LookupContext) -> str | None:
-        return _schema_check(value, schema)
+        return None  # no rules beyond the tool's own schema, which the engine checks itself
 
     def verify_user_checklist_item(item: dict[str, Any], ctx: LookupContext) -> dict[str, Any]:
         if ctx.checklist_answers.get(item["id"]) is True:
@@ -251,7 +204,7 @@ def call_hooks() -> dict[str, Hook]:
         "classify_when_case": classify_when_case,
         "extract_user_action_name": extract_user_action_name,
         "confirm_tool_name_matches_intent": confirm_tool_name_matches_intent,
-        "extract_from_instruction": extract_from_instruction,
+        "extract_from_instruction": proposal_extractor,
         "measure_from_environment": measure_from_environment,
         "build_action_key": build_action_key,
         "apply_field_policy": apply_field_policy,
@@ -274,14 +227,6 @@ def tool_wire(tool: Tool | Mapping[str, Any]) -> dict[str, Any]:
 def result_text(result: CallToolResult) -> str:
     """The text parts of a tool result, joined."""
     return "\n".join(c.text for c in result.content if isinstance(c, TextContent))
-
-
-class UpstreamToolError(Exception):
-    """The server answered the call with ``isError: true`` (MCP's way of reporting a tool's failure)."""
-
-    def __init__(self, result: CallToolResult) -> None:
-        super().__init__(result_text(result)[:2000] or "the tool reported an error")
-        self.result = result
 
 
 class InstructionMetaError(ValueError):
@@ -319,7 +264,8 @@ def instruction_from_meta(meta: Mapping[str, Any] | None) -> list[dict[str, Any]
 
 @dataclass(frozen=True)
 class MissingField:
-    """An argument the preflight could not settle: its name, why, and its JSON Schema (the form it takes)."""
+    """A leaf the preflight could not settle: its name (a top-level argument's plain name, a nested leaf's
+    JSON Pointer, e.g. ``/to/account``), why, and its JSON Schema (the form it takes)."""
 
     name: str
     note: str | None
@@ -376,12 +322,6 @@ def _form_type(schema: Mapping[str, Any]) -> str:
     return kind if isinstance(kind, str) else "JSON"
 
 
-def _properties(tool: Mapping[str, Any]) -> Mapping[str, Any]:
-    schema = tool.get("inputSchema")
-    props = schema.get("properties") if isinstance(schema, Mapping) else None
-    return props if isinstance(props, Mapping) else {}
-
-
 def _mapping(value: Any) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
 
@@ -392,8 +332,10 @@ def _outcome_of(state: ExecutionRecord, tool: Mapping[str, Any]) -> GuardedOutco
     gate = state.gate
     status: Literal["asked", "held"] = "asked" if state.execution_decision == "ask_user" else "held"
     if isinstance(gate, ValueGate):
-        props = _properties(tool)
-        missing = tuple(MissingField(u.name, u.note, _mapping(props.get(u.name))) for u in gate.unknown_fields)
+        schema = _mapping(tool.get("inputSchema"))
+        missing = tuple(
+            MissingField(u.name, u.note, _mapping(leaf_schema(schema, u.name))) for u in gate.unknown_fields
+        )
         unverified = tuple({"id": i.id, "description": i.description} for i in gate.unverified_checklist)
         return GuardedOutcome(
             status, name, state, reason=state.reason, gate="value", missing=missing, unverified=unverified
@@ -621,16 +563,12 @@ class GuardedSession:
         tool_attempt: int = 0,
         intent_attempt: int = 0,
     ) -> GuardedOutcome:
-        """Judge the call, then make it only on ``execute`` (see `GuardedOutcome` for what comes back)."""
+        """Judge the call, then make it only on ``execute`` with the arguments the engine settled (see
+        `GuardedOutcome` for what comes back). `arguments` are the model's proposal: they decide which
+        arguments the call has, never what they are."""
         proposal = {} if arguments is None else arguments
-        if not isinstance(proposal, Mapping):
-            return GuardedOutcome("held", name, reason="the proposed arguments are not a JSON object: nothing called")
-        proposal = dict(proposal)
         listed = await self._tool(name)
         tool = listed if listed is not None else {"name": name}  # no schema: the engine holds it, recorded
-        policy = self.policy.for_tool(name)
-        required = set(_mapping(tool.get("inputSchema")).get("required") or [])
-        unsettleable = sorted(set(proposal) - required)
         inp = self.run_input(
             tool,
             instruction=instruction,
@@ -640,7 +578,8 @@ class GuardedSession:
             tool_attempt=tool_attempt,
             intent_attempt=intent_attempt,
         )
-        token = _CURRENT.set(_Call(name, proposal, policy))
+        inp["proposed_arguments"] = proposal  # not an object: the engine holds the run (proposal_invalid)
+        token = _CURRENT.set(_Call(name, self.policy.for_tool(name)))
         try:
             state = await self.preflight.run_and_record(inp)
         except RecordingError as exc:
@@ -648,25 +587,19 @@ class GuardedSession:
         finally:
             _CURRENT.reset(token)
         decision = state.execution_decision
-        arguments_decided = {f.name: f.value for f in state.fields or ()}
-        if self.shadow and (decision != "execute" or arguments_decided != proposal):
-            result = await self._forward(name, proposal, {})
+        if not isinstance(proposal, Mapping):
+            return GuardedOutcome(
+                "held", name, state, reason="the proposed arguments are not a JSON object: nothing called"
+            )
+        if self.shadow and (
+            decision != "execute" or call_arguments({f.name: f.value for f in state.fields or ()}) != proposal
+        ):
+            result = await self._forward(name, dict(proposal), {})
             return GuardedOutcome("forwarded", name, state, result=result, reason=f"shadow: decided {decision}")
         if listed is None:
             # Recorded (an action-definition gap: the model chose a tool that does not exist), never asked:
             # no answer of the user's makes a missing tool exist.
             return GuardedOutcome("held", name, state, reason=f"no server offers a tool named {name!r}; nothing called")
-        if unsettleable and not self.shadow:
-            # Until the engine settles optional arguments, a call that proposes one is not made: dropping
-            # it could make the call more dangerous (a dry run that is not one). Recorded as decided.
-            return GuardedOutcome(
-                "held",
-                name,
-                state,
-                reason="optional argument(s) proposed that this engine does not settle yet: "
-                + ", ".join(unsettleable)
-                + "; nothing called",
-            )
         if decision != "execute":
             return _outcome_of(state, tool)
         return await self._execute(state, tool)
@@ -675,18 +608,14 @@ class GuardedSession:
         name = str(tool["name"])
         decision_id = state.run_ref.decision_id if state.run_ref is not None else None
         meta = {IDEMPOTENCY_META_KEY: decision_id} if decision_id else {}
-        answered: list[CallToolResult] = []
 
-        async def call(tool_name: str, args: dict[str, Any]) -> dict[str, Any]:
-            result = await self._forward(tool_name, args, meta)
-            answered.append(result)
-            if result.is_error:
-                raise UpstreamToolError(result)
-            wire: dict[str, Any] = result.model_dump(mode="json", by_alias=True, exclude_none=True)
-            return wire
+        async def call(tool_name: str, args: dict[str, Any]) -> CallToolResult:
+            return await self._forward(tool_name, args, meta)
 
+        # The engine calls with its settled arguments and reads the result (`preflight.results`: an
+        # ``isError`` result is `failed`); a call that raises (an upstream gone) is `failed` too.
         outcome = await self.preflight.execute_if_ready(state, tool, call)
-        result = answered[0] if answered else None
+        result = outcome.result if isinstance(outcome.result, CallToolResult) else None
         if outcome.status == "held":
             return GuardedOutcome("held", name, outcome.state, reason=outcome.reason, decision=decision_id)
         status: Literal["executed", "failed"] = outcome.status

@@ -3,7 +3,9 @@
 ``python fragile_server.py TOOLS_FILE``: lists one read-only tool per name in the JSON list in TOOLS_FILE
 (read again on every listing, so a test changes the list between calls); calling ``crash`` ends the
 process mid-call (exit code 3, no answer); calling a listed tool answers ``<name> ok``; calling a tool
-no longer listed is an ``isError`` result.
+no longer listed is an ``isError`` result. A tool named ``send`` takes a nested argument
+(``to: {account, bank_code}``, both required, and an optional ``memo``) and answers with the arguments it
+received, as JSON.
 """
 
 from __future__ import annotations
@@ -27,13 +29,32 @@ def listed() -> list[str]:
     return names
 
 
+SEND_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "to": {
+            "type": "object",
+            "properties": {"account": {"type": "string", "minLength": 4}, "bank_code": {"type": "string"}},
+            "required": ["account", "bank_code"],
+            "additionalProperties": False,
+        },
+        "memo": {"type": "string"},
+    },
+    "required": ["to"],
+}
+
+
+def schema_of(name: str) -> dict[str, Any]:
+    return SEND_SCHEMA if name == "send" else {"type": "object", "properties": {}}
+
+
 async def list_tools(ctx: Any, params: Any) -> ListToolsResult:
     return ListToolsResult(
         tools=[
             Tool(
                 name=name,
                 description=f"{name} something",
-                input_schema={"type": "object", "properties": {}},
+                input_schema=schema_of(name),
                 annotations=ToolAnnotations(read_only_hint=True),
             )
             for name in listed()
@@ -46,6 +67,9 @@ async def call_tool(ctx: Any, params: CallToolRequestParams) -> CallToolResult:
         os._exit(3)
     if params.name not in listed():
         return CallToolResult(content=[TextContent(type="text", text=f"no tool {params.name}")], is_error=True)
+    if params.name == "send":
+        text = json.dumps(params.arguments or {}, sort_keys=True)
+        return CallToolResult(content=[TextContent(type="text", text=text)])
     return CallToolResult(content=[TextContent(type="text", text=f"{params.name} ok")])
 
 

@@ -157,6 +157,58 @@ class TestCalls:
         assert "repo_path (string)" in text and "elicitation" in text and proposed not in text
 
 
+class TestProposedArguments:
+    async def test_an_optional_dry_run_reaches_the_upstream_and_the_file_is_unchanged(
+        self, settings_path: Path, folder: Path
+    ) -> None:
+        """The model proposes `dryRun: true` (optional); the user's words say it; the call the upstream gets
+        carries it, so the reference server only shows the diff."""
+        target = folder / "a.txt"
+        edits = [{"oldText": "beta", "newText": "BETA"}]
+        with settings_path.open("a") as f:
+            f.write("\n[tools.edit_file]\napproved = true\n")
+        user = Scripted([{"edits": json.dumps(edits)}])  # an array is asked as a whole, as JSON text
+        words = f"Edit {target}: change beta to BETA, but only show me the diff: dry run true"
+        args = {"path": str(target), "edits": edits, "dryRun": True}
+        async with gateway_with_sink(settings_path) as (gw, sink), client_of(gw, elicit=user) as session:
+            result = await call(session, "edit_file", args, said(words))
+        assert result.is_error is False, result_text(result)
+        assert "BETA" in result_text(result)  # the diff
+        assert target.read_text() == "alpha\nbeta\ngamma\n"  # a dry run: nothing written
+        (question,) = user.asked
+        assert list(question.requested_schema["properties"]) == ["edits"]
+        assert "oldText" not in str(question.model_dump())  # the proposed value is never shown
+        asked, done = runs_of(sink)
+        assert asked.execution_decision == "ask_user" and done.execution_decision == "executed"
+        assert {f.name: (f.source, f.proposal) for f in done.fields} == {
+            "path": ("instruction", "matched"),
+            "edits": ("user_answer", "matched"),
+            "dryRun": ("instruction", "matched"),
+        }
+
+    async def test_a_nested_leaf_is_elicited_by_its_path_answered_and_sent(self, tmp_path: Path) -> None:
+        path, _ = fragile(tmp_path, ["send"])
+        user = Scripted([{"/to/account": "DE-4471"}])
+        proposal = {"to": {"account": "DE-9999", "bank_code": "GENODEF1"}, "memo": "rent"}
+        async with gateway_with_sink(path) as (gw, sink), client_of(gw, elicit=user) as session:
+            result = await call(session, "send", proposal, said("send the rent to bank GENODEF1, memo rent"))
+        assert result.is_error is False, result_text(result)
+        sent = json.loads(result_text(result))
+        assert sent == {"to": {"account": "DE-4471", "bank_code": "GENODEF1"}, "memo": "rent"}
+        (question,) = user.asked
+        assert question.requested_schema["properties"] == {
+            "/to/account": {"title": "/to/account", "type": "string", "minLength": 4}
+        }
+        assert "DE-9999" not in str(question.model_dump())
+        asked, done = runs_of(sink)
+        assert asked.execution_decision == "ask_user" and done.execution_decision == "executed"
+        assert {f.name: (f.source, f.proposal) for f in done.fields} == {
+            "/to/account": ("user_answer", "diverged"),
+            "/to/bank_code": ("instruction", "matched"),
+            "memo": ("instruction", "matched"),
+        }
+
+
 class TestBadInput:
     async def test_an_unknown_tool_is_an_error_result_and_a_recorded_hold(self, settings_path: Path) -> None:
         user = Scripted()
@@ -234,7 +286,7 @@ class TestUpstreamFailures:
             again = await call(session, "alpha", {}, said("alpha please"))
         assert result.is_error is True and "the call failed" in result_text(result)
         assert again.is_error is True
-        assert "not connected" in result_text(again) or "Connection closed" in result_text(again)
+        assert "not connected" in result_text(again)  # the dead upstream is down at once, named
         assert [r.execution_decision for r in runs_of(sink)] == ["failed", "failed"]
 
     async def test_a_tool_list_that_changes_between_calls_is_answered_not_crashed(self, tmp_path: Path) -> None:

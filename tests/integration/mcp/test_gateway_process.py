@@ -109,6 +109,84 @@ class TestGatewayProcess:
         assert sum(r["runs"] for r in gaps if r["tool"] == "git_status") == 2
 
 
+FRAGILE = Path(__file__).resolve().parents[2] / "servers" / "fragile_server.py"
+
+
+def fragile_entry(tmp_path: Path, names: list[str]) -> dict[str, Any]:
+    tools = tmp_path / "tools.json"
+    tools.write_text(json.dumps(names))
+    return {"command": sys.executable, "args": [str(FRAGILE), str(tools)]}
+
+
+class TestProposedArguments:
+    async def test_a_nested_leaf_elicited_through_the_gateway_is_traced_to_the_user_per_path(
+        self, broker: Broker, events_topic: str, tmp_path: Path
+    ) -> None:
+        config = write_settings(tmp_path / "gateway.toml", servers={"fragile": fragile_entry(tmp_path, ["send"])})
+        user = Scripted([{"/to/account": "DE-4471"}])
+        params = gateway_process(config, broker, events_topic, tmp_path)
+        meta = {INSTRUCTION_META_KEY: [{"text": "send the rent to bank GENODEF1", "trust": "user"}]}
+        proposal = {"to": {"account": "DE-9999", "bank_code": "GENODEF1"}}
+        client = Implementation(name="test-client", version="1.0")
+        async with mcp_session(params, elicitation_callback=user, client_info=client) as session:
+            result = await session.call_tool("send", proposal, meta=cast(RequestParamsMeta, meta))
+        assert result.is_error is False, result_text(result)
+        assert json.loads(result_text(result)) == {"to": {"account": "DE-4471", "bank_code": "GENODEF1"}}
+        (question,) = user.asked
+        assert list(question.requested_schema["properties"]) == ["/to/account"]
+
+        db = tmp_path / "audit.duckdb"
+        await project_all(broker, events_topic, db, DecisionTrust.from_pem_files(tmp_path / "var" / "decision.key.pub"))
+        con = open_database(db, read_only=True)
+        try:
+            published = protector(tmp_path / "keys").pseudonym("u_01:send", subject="u_01")
+            rows = queries.run(con, "provenance", action_key=published).dicts()
+        finally:
+            con.close()
+        executed = {r["field"]: r for r in rows if r["outcome"] == "executed"}
+        assert set(executed) == {"/to/account", "/to/bank_code"}
+        account, bank = executed["/to/account"], executed["/to/bank_code"]
+        assert (account["source"], account["supplied_by_detail"]) == ("user_answer", "the user, answering a question")
+        assert account["proposal"] == "diverged"  # the model's account was not the user's
+        assert bank["source"] == "instruction" and bank["proposal"] == "matched"
+        assert bank["supplied_by_detail"].startswith("the user, in their own words")
+        asked = [r for r in rows if r["status"] != "known"]
+        assert [(r["field"], r["decision"]) for r in asked] == [("/to/account", "ask_user")]
+
+
+class TestShadowMode:
+    async def test_shadow_traffic_is_marked_in_the_queries(
+        self,
+        broker: Broker,
+        events_topic: str,
+        tmp_path: Path,
+        git_params: StdioServerParameters,
+        git_repository: Path,
+    ) -> None:
+        config = write_settings(tmp_path / "gateway.toml", servers={"git": stdio_entry(git_params)}, mode="shadow")
+        params = gateway_process(config, broker, events_topic, tmp_path)
+        client = Implementation(name="test-client", version="1.0")
+        async with mcp_session(params, client_info=client) as session:
+            # No words of the user's: enforced, this would be asked; in shadow mode it is recorded and forwarded.
+            result = await session.call_tool("git_status", {"repo_path": str(git_repository)})
+        assert result.is_error is False and "On branch main" in result_text(result)
+
+        db = tmp_path / "audit.duckdb"
+        await project_all(broker, events_topic, db, DecisionTrust.from_pem_files(tmp_path / "var" / "decision.key.pub"))
+        con = open_database(db, read_only=True)
+        try:
+            gaps = queries.run(con, "gap_rates").dicts()
+        finally:
+            con.close()
+        (row,) = gaps
+        assert (row["tool"], row["agent_id"], row["runs"], row["executes"]) == (
+            "git_status",
+            "test-client+shadow",
+            1,
+            0,
+        )
+
+
 class TestMalformedInput:
     async def test_malformed_json_rpc_is_ignored_and_the_gateway_stays_up(
         self, broker: Broker, events_topic: str, tmp_path: Path, git_params: StdioServerParameters

@@ -130,12 +130,6 @@ class TestErrors:
         assert outcome.state is not None
         assert storage.history(outcome.state.storage_key)[-1].execution_decision == "hold"
 
-    async def test_arguments_that_are_not_an_object_call_nothing(self, time_params: StdioServerParameters) -> None:
-        async with mcp_session(time_params) as session:
-            guard, _, _ = guarded(session)
-            outcome = await guard.call_tool("get_current_time", ["Asia/Seoul"])
-        assert outcome.status == "held" and "not a JSON object" in outcome.reason
-
 
 class TestIdempotencyKey:
     async def test_the_forwarded_call_carries_the_decision_id(self, time_params: StdioServerParameters) -> None:
@@ -173,21 +167,57 @@ class TestShadow:
         assert any(e.event_type == "run_closed" for e in sink.events)
 
 
-class TestNeverMoreDangerous:
-    async def test_a_dry_run_edit_never_changes_the_file(
+class TestProposedArguments:
+    async def test_an_optional_dry_run_reaches_the_server_and_the_file_is_unchanged(
         self, filesystem_params: StdioServerParameters, folder: Path
     ) -> None:
-        """The model proposes `dryRun: true`; whatever the preflight decides, the file is never edited (a
-        dropped optional argument would turn the dry run into an edit)."""
+        """The model proposes `dryRun: true` (optional): settled from the user's words and sent, so the
+        reference server only shows the diff (a dropped optional argument would turn it into an edit)."""
         target = folder / "a.txt"
-        args = {"path": str(target), "edits": [{"oldText": "beta", "newText": "BETA"}], "dryRun": True}
-        answers = {"edits": args["edits"], "dryRun": True}
+        edits = [{"oldText": "beta", "newText": "BETA"}]
+        args = {"path": str(target), "edits": edits, "dryRun": True}
+        said = words(f"Edit {target}: change beta to BETA, but only show me the diff: dry run true")
         async with mcp_session(filesystem_params) as session:
             guard, _, _ = guarded(session, policy=CallPolicy({"edit_file": ToolPolicy(approved=True)}))
-            outcome = await guard.call_tool(
-                "edit_file", args, instruction=words(f"show me a dry run of editing {target}"), user_answers=answers
-            )
-        assert outcome.status in ("held", "executed"), outcome.reason
+            outcome = await guard.call_tool("edit_file", args, instruction=said, user_answers={"edits": edits})
+        assert outcome.status == "executed", outcome.reason
+        assert outcome.result is not None and "BETA" in result_text(outcome.result)
         assert target.read_text() == "alpha\nbeta\ngamma\n"
-        if outcome.status == "executed":
-            assert outcome.result is not None and "BETA" in result_text(outcome.result)
+        assert outcome.state is not None and outcome.state.fields is not None
+        assert {f.name: f.source for f in outcome.state.fields} == {
+            "path": "instruction",
+            "edits": "user_answer",
+            "dryRun": "instruction",
+        }
+
+    async def test_a_dry_run_the_user_never_said_is_asked_and_nothing_is_written(
+        self, filesystem_params: StdioServerParameters, folder: Path
+    ) -> None:
+        target = folder / "a.txt"
+        edits = [{"oldText": "beta", "newText": "BETA"}]
+        args = {"path": str(target), "edits": edits, "dryRun": True}
+        async with mcp_session(filesystem_params) as session:
+            guard, _, _ = guarded(session, policy=CallPolicy({"edit_file": ToolPolicy(approved=True)}))
+            asked = await guard.call_tool(
+                "edit_file",
+                args,
+                instruction=words(f"Edit {target}: change beta to BETA"),
+                user_answers={"edits": edits},
+            )
+            assert (asked.status, [m.name for m in asked.missing]) == ("asked", ["dryRun"])
+            assert asked.missing[0].schema.get("type") == "boolean"
+            done = await guard.call_tool(
+                "edit_file",
+                args,
+                instruction=words(f"Edit {target}: change beta to BETA"),
+                user_answers={"edits": edits, **answers_from_form(asked, {"dryRun": True}).user_answers},
+            )
+        assert done.status == "executed", done.reason
+        assert target.read_text() == "alpha\nbeta\ngamma\n"
+
+    async def test_arguments_not_an_object_are_a_recorded_hold(self, time_params: StdioServerParameters) -> None:
+        async with mcp_session(time_params) as session:
+            guard, _, _ = guarded(session)
+            outcome = await guard.call_tool("get_current_time", ["Asia/Seoul"], instruction=words("the time"))
+        assert outcome.status == "held" and "not a JSON object" in outcome.reason
+        assert outcome.state is not None and outcome.state.execution_decision == "hold"
