@@ -51,6 +51,7 @@ __all__ = [
     "hash_matches",
     "jcs",
     "message_problem",
+    "plain_json",
     "spelled_alike",
     "verify_run",
 ]
@@ -109,6 +110,12 @@ def _plain(data: Any, limit: int) -> bool:
         else:
             return False
     return True
+
+
+def plain_json(data: Any) -> bool:
+    """True if `data` is made only of str-keyed dicts, lists, str, bool, None and 64-bit ints (exact types):
+    values every JSON writer here (the two canonical forms, orjson, json) spells alike."""
+    return _plain(data, _INT64)
 
 
 def jcs(data: Any) -> bytes:

@@ -26,7 +26,7 @@ from preflight.chain import event_canonical_json as event_canonical_json
 from preflight.chain import hash_matches as hash_matches
 from preflight.chain import verify_run as verify_run
 from preflight.errors import EventDecodeError
-from preflight.records import UNKEYED_RECORD_KEY
+from preflight.records import UNKEYED_RECORD_KEY, private_attrs
 
 EVENT_SCHEMA_VERSION = 3
 """3: the chain hash is taken over the event's RFC 8785 (JCS) bytes (`preflight.chain`), which a verifier in
@@ -91,7 +91,7 @@ class Envelope(BaseModel):
     def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Any:
         """A copy, without the kept bytes: a changed copy is written from its fields (`encode_event`)."""
         copied = super().model_copy(update=update, deep=deep)
-        copied._canonical = None
+        private_attrs(copied)["_canonical"] = None
         return copied
 
     @property
@@ -343,7 +343,7 @@ def seal(body: dict[str, Any]) -> PreflightEvent:
     h.update(full[at + len(member) :])
     hash_ = h.hexdigest()
     event = EVENT_ADAPTER.validate_python({**body, "hash": hash_})
-    event._canonical = full[:at] + b'"hash":"' + hash_.encode() + b'",' + full[at + len(member) :]
+    private_attrs(event)["_canonical"] = full[:at] + b'"hash":"' + hash_.encode() + b'",' + full[at + len(member) :]
     return event
 
 
@@ -353,8 +353,9 @@ def event_body(event: Envelope) -> dict[str, Any]:
 
 def encode_event(event: Envelope) -> bytes:
     """The event's JSON bytes, as published: the canonical form of its version (kept by `seal`)."""
-    if event._canonical is not None:
-        return event._canonical
+    kept: bytes | None = private_attrs(event)["_canonical"]
+    if kept is not None:
+        return kept
     return event_canonical_json(event_body(event))
 
 
