@@ -22,13 +22,12 @@ import json
 import shutil
 import subprocess
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
 from preflight import MemoryEventSink, MemoryStorage, PreflightInput, create_preflight
 from preflight import scenario as sc
-from preflight.api import utc_now
+from preflight.api import new_id, utc_now
 from preflight.chain import GENESIS_HASH, jcs
 
 #: The seed's transfer (`preflight.scenario`), its recipient answered: every run decides `execute`.
@@ -69,7 +68,7 @@ def built(templates: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for seq, template in enumerate(templates):
         body = dict(template)
         del body["hash"]
-        body["event_id"] = str(uuid.uuid4())
+        body["event_id"] = new_id()
         body["occurred_at"] = utc_now()
         body["seq"] = seq
         out.append(body)
