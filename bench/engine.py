@@ -11,17 +11,25 @@ two figures measured in the same run:
   current version are hashed, and the sorted `json.dumps` of versions 1 and 2);
 - the public reference skeleton (JavaScript, run with node) deciding the same scenario, when its file is
   in bench/.cache (`make reference-skeleton`); otherwise the column says it is skipped.
+
+`--parts` then times the engine's own parts (its steps wrapped with a timer, after the figures above),
+with the garbage collector on and off: where a decision's time goes.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
+import gc
 import hashlib
+import inspect
 import json
 import shutil
 import subprocess
 import time
+from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -122,10 +130,98 @@ def skeleton_rate(n: int, skeleton: Path) -> float | str:
     return float(answer["decisions_per_s"])
 
 
+def _parts() -> list[tuple[Any, str, str]]:
+    """The parts `--parts` times: (owner, attribute, label); a label's indentation says what it lies in."""
+    import preflight.api as api
+    import preflight.emit as emit
+    import preflight.engine as engine
+    import preflight.lookup as lookup
+
+    run = engine._Run
+    return [
+        (api.Preflight, "_decide", "deciding (Preflight._decide)"),
+        (PreflightInput, "model_validate", "  input validation (PreflightInput)"),
+        (run, "__init__", "  the run's start (started_summary: tool digest, intent fingerprint)"),
+        (run, "check_checklist_ids", "  step 0: checklist ids"),
+        (run, "settle_fixed_checklist", "  step 1: fixed checklist"),
+        (run, "confirm_tool", "  step 3: tool gate"),
+        (run, "read_required_fields", "  step 5: the call's plan"),
+        (run, "look_up_fields", "  step 6: the fields"),
+        (lookup, "lookup_field", "    the five tiers"),
+        (lookup, "_apply_policy", "    the field policy (record dumped for the hook, copied back)"),
+        (run, "check_the_call", "    the whole call against its JSON Schema (jsonschema)"),
+        (run, "verify_user_checklist", "  step 8: user checklist"),
+        (run, "tally", "  step 9: tally (gate, record model, reason)"),
+        (api.Preflight, "_emit", "building the events (Preflight._emit)"),
+        (emit, "seal", "  sealing the 9 events (canonical form, hash, pydantic validation)"),
+        (api.Preflight, "record", "recording (Preflight.record)"),
+        (api, "_record_digest", "  the record's digest (model_dump + canonical form)"),
+        (api, "utc_now", "the clock, wherever read"),
+    ]
+
+
+def _timed(fn: Callable[..., Any], label: str, spent: dict[str, float]) -> Callable[..., Any]:
+    if asyncio.iscoroutinefunction(fn):
+
+        @functools.wraps(fn)
+        async def timed_async(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return await fn(*args, **kwargs)
+            finally:
+                spent[label] += time.perf_counter() - start
+
+        return timed_async
+
+    @functools.wraps(fn)
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            spent[label] += time.perf_counter() - start
+
+    return timed
+
+
+async def parts(n: int, collect: bool) -> tuple[float, dict[str, float]]:
+    """Seconds per decision in all and in each part (its steps wrapped in timers, which add ~0.3 us a
+    call), the garbage collector on (`collect`) or off while timing."""
+    spent: dict[str, float] = defaultdict(float)
+    patched = []
+    for owner, name, label in _parts():
+        original = inspect.getattr_static(owner, name)
+        if isinstance(original, classmethod):
+            setattr(owner, name, classmethod(_timed(original.__func__, label, spent)))
+        else:
+            setattr(owner, name, _timed(original, label, spent))
+        patched.append((owner, name, original if name in vars(owner) else None))
+    try:
+        pf = create_preflight(hooks=HOOKS, storage=MemoryStorage(), sink=MemoryEventSink(), strict=True)
+        for _ in range(min(n, 200)):
+            await pf.run_and_record(INPUT)
+        spent.clear()
+        if not collect:
+            gc.disable()
+        start = time.perf_counter()
+        for _ in range(n):
+            await pf.run_and_record(INPUT)
+        elapsed = time.perf_counter() - start
+    finally:
+        gc.enable()
+        for owner, name, original in reversed(patched):
+            if original is None:
+                delattr(owner, name)  # inherited: the base class's again
+            else:
+                setattr(owner, name, original)
+    return elapsed / n, defaultdict(float, {k: v / n for k, v in spent.items()})
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("-n", type=int, default=5000, help="decisions to time")
     parser.add_argument("--skeleton", type=Path, default=SKELETON, help="the reference skeleton's file")
+    parser.add_argument("--parts", action="store_true", help="then time the engine's parts (GC on and off)")
     args = parser.parse_args()
     rate, templates = asyncio.run(decisions_per_second(args.n))
     validate = validation_seconds(args.n)
@@ -150,6 +246,15 @@ def main() -> None:
     else:
         print(f"skeleton: {skeleton:,.0f} decisions/s (node, same run)")
         print(f"engine: {rate / skeleton:.3f}x of the skeleton (target >= 0.25x); floor: {floor / skeleton:.3f}x of it")
+    if args.parts:
+        on_total, on = asyncio.run(parts(args.n, collect=True))
+        off_total, off = asyncio.run(parts(args.n, collect=False))
+        print(
+            "the engine's parts, us a decision (timers included), GC on / off: "
+            f"{on_total * 1e6:.0f} / {off_total * 1e6:.0f}"
+        )
+        for _owner, _name, label in _parts():
+            print(f"  {on[label] * 1e6:6.1f} / {off[label] * 1e6:6.1f}  {label}")
 
 
 if __name__ == "__main__":
