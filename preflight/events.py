@@ -321,6 +321,7 @@ def digest(data: Any) -> str:
 
 #: Stands for the hash in the one canonical text `seal` writes of an event (random: no value can spell it).
 _HASH_PLACEHOLDER: str = os.urandom(32).hex()
+_HASH_MEMBER = b'"hash":"' + _HASH_PLACEHOLDER.encode() + b'",'
 
 
 def seal(body: dict[str, Any]) -> PreflightEvent:
@@ -331,19 +332,19 @@ def seal(body: dict[str, Any]) -> PreflightEvent:
     the hash gives the published bytes (`encode_event`). The hash is computed over `body` itself;
     `verify_event_hash` recomputes it over the model's JSON dump, so a body that does not round-trip
     exactly yields an event that fails verification (the property tests hold this)."""
-    body = {"schema_version": EVENT_SCHEMA_VERSION, **body}
-    full = event_canonical_json({**body, "hash": _HASH_PLACEHOLDER})
-    member = b'"hash":"' + _HASH_PLACEHOLDER.encode() + b'",'
-    at = full.find(member)
+    fields = {"schema_version": EVENT_SCHEMA_VERSION, **body, "hash": _HASH_PLACEHOLDER}
+    full = event_canonical_json(fields)
+    at = full.find(_HASH_MEMBER)
     if at < 0:  # pragma: no cover - every event has members sorting after "hash"
         raise ValueError("the hash member is not where canonical JSON puts it")
-    h = hashlib.sha256(body["prev_hash"].encode())
+    before, after = full[:at], full[at + len(_HASH_MEMBER) :]
+    h = hashlib.sha256(fields["prev_hash"].encode())
     h.update(b"\n")
-    h.update(full[:at])
-    h.update(full[at + len(member) :])
-    hash_ = h.hexdigest()
-    event = EVENT_ADAPTER.validate_python({**body, "hash": hash_})
-    private_attrs(event)["_canonical"] = full[:at] + b'"hash":"' + hash_.encode() + b'",' + full[at + len(member) :]
+    h.update(before)
+    h.update(after)
+    fields["hash"] = hash_ = h.hexdigest()
+    event = EVENT_ADAPTER.validate_python(fields)
+    private_attrs(event)["_canonical"] = before + b'"hash":"' + hash_.encode() + b'",' + after
     return event
 
 
