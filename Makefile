@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv native mcp-servers native-test services browser test test-kafka lint typecheck unit bench demo clean
+.PHONY: venv native mcp-servers native-test services browser test test-kafka lint typecheck unit bench demo clean reference-skeleton
 
 # Real MCP servers from npm that the tests start (the PyPI ones come with the dev extra): installed from the
 # lockfile into tests/servers/node_modules (git-ignored), pinned.
@@ -106,6 +106,19 @@ bench: $(STAMP)
 	$(BIN)/python bench/console_page.py
 	$(BIN)/python bench/verify.py
 	$(BIN)/python bench/gateway_latency.py
+
+# The public JavaScript reference skeleton that bench/engine.py compares with (never part of the project):
+# its one file at a pinned commit, copied into bench/.cache (git-ignored) from SKELETON_FROM -- a URL
+# (fetched with curl) or a path to a copy you have -- and checked against its SHA-256.
+SKELETON_COMMIT := 381ade8f5b485143ade5fb1a624a26e30dfa22c7
+SKELETON_SHA256 := 736d7ab003ad78d077b9e12abf4ecdb58b5723ae8860cc728206fbffc0f470a7
+SKELETON_FROM ?= https://raw.githubusercontent.com/Jang-woo-AnnaSoft/execution-state-preflight/$(SKELETON_COMMIT)/execution-state-preflight.js
+SKELETON_FILE := bench/.cache/execution-state-preflight.js
+reference-skeleton:
+	mkdir -p bench/.cache
+	case "$(SKELETON_FROM)" in http*) curl -fsSL "$(SKELETON_FROM)" -o $(SKELETON_FILE).tmp ;; *) cp "$(SKELETON_FROM)" $(SKELETON_FILE).tmp ;; esac
+	echo "$(SKELETON_SHA256)  $(SKELETON_FILE).tmp" | sha256sum -c --quiet - || { rm -f $(SKELETON_FILE).tmp; exit 1; }
+	mv $(SKELETON_FILE).tmp $(SKELETON_FILE)
 
 clean:
 	rm -rf $(VENV) $(NODE_SERVERS)/node_modules .mypy_cache .ruff_cache .pytest_cache build *.egg-info native/target

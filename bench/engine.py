@@ -2,53 +2,259 @@
 
 Three required fields (one from pre-set data, one from the instruction with a span, one from a user
 answer), one checklist item verified, trivial synchronous hooks, MemoryStorage and the in-memory sink.
-Every decision is recorded (its events built, hash-chained and "published" to memory). The figure is
-printed with the cost of the floor it cannot beat, measured in the same run: validating the input
-alone.
+Every decision is recorded (its events built, hash-chained and "published" to memory). Printed beside
+two figures measured in the same run:
+
+- the floor an auditing engine cannot go below: validating the input once, then building the run's
+  events from plain dicts (no engine logic), writing each in canonical form and hashing the chain --
+  each of the three timed apart, and the canonical form timed both ways (RFC 8785 as events of the
+  current version are hashed, and the sorted `json.dumps` of versions 1 and 2);
+- the public reference skeleton (JavaScript, run with node) deciding the same scenario, when its file is
+  in bench/.cache (`make reference-skeleton`); otherwise the column says it is skipped.
+
+`--parts` then times the engine's own parts (its steps wrapped with a timer, after the figures above),
+with the garbage collector on and off: where a decision's time goes.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
+import gc
+import hashlib
+import inspect
+import json
+import shutil
+import subprocess
 import time
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from preflight import MemoryEventSink, MemoryStorage, PreflightInput, create_preflight
 from preflight import scenario as sc
+from preflight.api import new_id, utc_now
+from preflight.chain import GENESIS_HASH, jcs
 
 #: The seed's transfer (`preflight.scenario`), its recipient answered: every run decides `execute`.
 INPUT: dict[str, Any] = sc.transfer(user_answers=sc.READY_ANSWERS)
 HOOKS = sc.hooks()
+HERE = Path(__file__).resolve().parent
+#: Where `make reference-skeleton` puts the skeleton's file (git-ignored); `--skeleton` names another.
+SKELETON = HERE / ".cache" / "execution-state-preflight.js"
 
 
-async def decisions_per_second(n: int) -> tuple[float, int]:
+async def decisions_per_second(n: int) -> tuple[float, list[dict[str, Any]]]:
+    """Our rate, and one run's events as plain dicts (the floor's templates)."""
     sink = MemoryEventSink()
     pf = create_preflight(hooks=HOOKS, storage=MemoryStorage(), sink=sink, strict=True)
     first = await pf.run_and_record(INPUT)
     assert first.execution_decision == "execute", first.reason
+    for _ in range(min(n, 200)):  # warm up
+        await pf.run_and_record(INPUT)
     start = time.perf_counter()
     for _ in range(n):
         await pf.run_and_record(INPUT)
     elapsed = time.perf_counter() - start
-    return n / elapsed, len(sink.events) // (n + 1)
+    assert len(sink.published) == len(sink.events)  # every event built, chained, sealed and written
+    templates = [json.loads(text) for text in (e._canonical or b"" for e in first.run_events)]
+    return n / elapsed, templates
 
 
-def validations_per_second(n: int) -> float:
+def validation_seconds(n: int) -> float:
     start = time.perf_counter()
     for _ in range(n):
         PreflightInput.model_validate(INPUT)
-    return n / (time.perf_counter() - start)
+    return (time.perf_counter() - start) / n
+
+
+def built(templates: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One run's events as an engine must build them at the least: fresh ids, times and sequence numbers."""
+    out = []
+    for seq, template in enumerate(templates):
+        body = dict(template)
+        del body["hash"]
+        body["event_id"] = new_id()
+        body["occurred_at"] = utc_now()
+        body["seq"] = seq
+        out.append(body)
+    return out
+
+
+def legacy_canonical(body: dict[str, Any]) -> bytes:
+    """Versions 1-2's form as the engine wrote it before (the standard library's sorted json.dumps)."""
+    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+
+
+def floor_seconds(templates: list[dict[str, Any]], n: int) -> dict[str, float]:
+    """Seconds per decision of each floor stage, timed apart over `n` runs."""
+    runs = [built(templates) for _ in range(n)]
+    start = time.perf_counter()
+    for _ in range(n):
+        built(templates)
+    build = (time.perf_counter() - start) / n
+    start = time.perf_counter()
+    texts = [[jcs(body) for body in run] for run in runs]
+    canonical = (time.perf_counter() - start) / n
+    start = time.perf_counter()
+    for run in runs:
+        for body in run:
+            legacy_canonical(body)
+    legacy = (time.perf_counter() - start) / n
+    start = time.perf_counter()
+    for run_texts in texts:
+        prev = GENESIS_HASH
+        for text in run_texts:
+            h = hashlib.sha256(prev.encode())
+            h.update(b"\n")
+            h.update(text)
+            prev = h.hexdigest()
+    hashing = (time.perf_counter() - start) / n
+    return {"build": build, "canonical": canonical, "legacy": legacy, "hash": hashing}
+
+
+def skeleton_rate(n: int, skeleton: Path) -> float | str:
+    """The skeleton's decisions/s, or why it was not run."""
+    if not skeleton.is_file():
+        return f"skipped: no {skeleton} (make reference-skeleton)"
+    node = shutil.which("node")
+    if node is None:
+        return "skipped: no node on PATH"
+    out = subprocess.run(
+        [node, str(HERE / "skeleton.js"), str(skeleton), str(n)], capture_output=True, text=True, check=True
+    )
+    answer = json.loads(out.stdout.strip().splitlines()[-1])
+    assert answer["decision"] == "execute", answer
+    return float(answer["decisions_per_s"])
+
+
+def _parts() -> list[tuple[Any, str, str]]:
+    """The parts `--parts` times: (owner, attribute, label); a label's indentation says what it lies in."""
+    import preflight.api as api
+    import preflight.emit as emit
+    import preflight.engine as engine
+    import preflight.lookup as lookup
+
+    run = engine._Run
+    return [
+        (api.Preflight, "_decide", "deciding (Preflight._decide)"),
+        (PreflightInput, "model_validate", "  input validation (PreflightInput)"),
+        (run, "__init__", "  the run's start (started_summary: tool digest, intent fingerprint)"),
+        (run, "check_checklist_ids", "  step 0: checklist ids"),
+        (run, "settle_fixed_checklist", "  step 1: fixed checklist"),
+        (run, "confirm_tool", "  step 3: tool gate"),
+        (run, "read_required_fields", "  step 5: the call's plan"),
+        (run, "look_up_fields", "  step 6: the fields"),
+        (lookup, "lookup_field", "    the five tiers"),
+        (lookup, "_apply_policy", "    the field policy (record dumped for the hook, copied back)"),
+        (run, "check_the_call", "    the whole call against its JSON Schema (jsonschema)"),
+        (run, "verify_user_checklist", "  step 8: user checklist"),
+        (run, "tally", "  step 9: tally (gate, record model, reason)"),
+        (api.Preflight, "_emit", "building the events (Preflight._emit)"),
+        (emit, "seal", "  sealing the 9 events (canonical form, hash, pydantic validation)"),
+        (api.Preflight, "record", "recording (Preflight.record)"),
+        (api, "_record_digest", "  the record's digest (model_dump + canonical form)"),
+        (api, "utc_now", "the clock, wherever read"),
+    ]
+
+
+def _timed(fn: Callable[..., Any], label: str, spent: dict[str, float]) -> Callable[..., Any]:
+    if asyncio.iscoroutinefunction(fn):
+
+        @functools.wraps(fn)
+        async def timed_async(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return await fn(*args, **kwargs)
+            finally:
+                spent[label] += time.perf_counter() - start
+
+        return timed_async
+
+    @functools.wraps(fn)
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            spent[label] += time.perf_counter() - start
+
+    return timed
+
+
+async def parts(n: int, collect: bool) -> tuple[float, dict[str, float]]:
+    """Seconds per decision in all and in each part (its steps wrapped in timers, which add ~0.3 us a
+    call), the garbage collector on (`collect`) or off while timing."""
+    spent: dict[str, float] = defaultdict(float)
+    patched = []
+    for owner, name, label in _parts():
+        original = inspect.getattr_static(owner, name)
+        if isinstance(original, classmethod):
+            setattr(owner, name, classmethod(_timed(original.__func__, label, spent)))
+        else:
+            setattr(owner, name, _timed(original, label, spent))
+        patched.append((owner, name, original if name in vars(owner) else None))
+    try:
+        pf = create_preflight(hooks=HOOKS, storage=MemoryStorage(), sink=MemoryEventSink(), strict=True)
+        for _ in range(min(n, 200)):
+            await pf.run_and_record(INPUT)
+        spent.clear()
+        if not collect:
+            gc.disable()
+        start = time.perf_counter()
+        for _ in range(n):
+            await pf.run_and_record(INPUT)
+        elapsed = time.perf_counter() - start
+    finally:
+        gc.enable()
+        for owner, name, original in reversed(patched):
+            if original is None:
+                delattr(owner, name)  # inherited: the base class's again
+            else:
+                setattr(owner, name, original)
+    return elapsed / n, defaultdict(float, {k: v / n for k, v in spent.items()})
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("-n", type=int, default=5000, help="decisions to time")
+    parser.add_argument("--skeleton", type=Path, default=SKELETON, help="the reference skeleton's file")
+    parser.add_argument("--parts", action="store_true", help="then time the engine's parts (GC on and off)")
     args = parser.parse_args()
-    rate, events_per_run = asyncio.run(decisions_per_second(args.n))
-    floor = validations_per_second(args.n)
-    print(f"engine: {rate:,.0f} decisions/s ({events_per_run} events each, {rate * events_per_run:,.0f} events/s)")
-    print(f"engine: {rate / floor:.3f}x of input validation alone ({floor:,.0f} validations/s, same run)")
+    rate, templates = asyncio.run(decisions_per_second(args.n))
+    validate = validation_seconds(args.n)
+    stages = floor_seconds(templates, args.n)
+    floor = 1 / (validate + stages["build"] + stages["canonical"] + stages["hash"])
+    legacy_floor = 1 / (validate + stages["build"] + stages["legacy"] + stages["hash"])
+    skeleton = skeleton_rate(args.n, args.skeleton)
+    events = len(templates)
+    print(f"engine: {rate:,.0f} decisions/s ({events} events each, {rate * events:,.0f} events/s)")
+    print(
+        f"floor: {floor:,.0f} decisions/s -- per decision: input validation {validate * 1e6:.1f} us, event "
+        f"building {stages['build'] * 1e6:.1f} us, canonical form (RFC 8785) {stages['canonical'] * 1e6:.1f} us, "
+        f"hashing {stages['hash'] * 1e6:.1f} us"
+    )
+    print(
+        f"floor with the versions 1-2 form (json.dumps): {legacy_floor:,.0f} decisions/s "
+        f"(its canonical form {stages['legacy'] * 1e6:.1f} us)"
+    )
+    print(f"engine: {rate / floor:.3f}x of the floor (target >= 0.5x)")
+    if isinstance(skeleton, str):
+        print(f"skeleton: {skeleton}")
+    else:
+        print(f"skeleton: {skeleton:,.0f} decisions/s (node, same run)")
+        print(f"engine: {rate / skeleton:.3f}x of the skeleton (target >= 0.25x); floor: {floor / skeleton:.3f}x of it")
+    if args.parts:
+        on_total, on = asyncio.run(parts(args.n, collect=True))
+        off_total, off = asyncio.run(parts(args.n, collect=False))
+        print(
+            "the engine's parts, us a decision (timers included), GC on / off: "
+            f"{on_total * 1e6:.0f} / {off_total * 1e6:.0f}"
+        )
+        for _owner, _name, label in _parts():
+            print(f"  {on[label] * 1e6:6.1f} / {off[label] * 1e6:6.1f}  {label}")
 
 
 if __name__ == "__main__":

@@ -15,11 +15,12 @@ trusted key.
 
 from __future__ import annotations
 
+import os
+import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any, Literal
 
 from pydantic import ValidationError
@@ -47,9 +48,22 @@ RECENT_RUNS = 100_000
 PENDING_EXECUTIONS = 100_000
 
 
+#: The last second `utc_now` wrote, and its text up to the seconds.
+_SECOND: tuple[int, str] = (-1, "")
+
+
 def utc_now() -> str:
-    """ISO 8601 UTC with milliseconds and a Z, as the seed's records show."""
-    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    """ISO 8601 UTC with milliseconds and a Z, as the seed's records show (`2026-12-05T08:03:01.123Z`).
+
+    The text `datetime.now(UTC).isoformat(timespec="milliseconds")` gives (the same clock, milliseconds
+    truncated), written from the clock's nanoseconds with the second's text kept: a run reads the clock a
+    dozen times, and datetime's way costs ~4-6 us a reading against ~1 us (bench/README.md, engine)."""
+    global _SECOND
+    second, rest = divmod(time.time_ns(), 1_000_000_000)
+    kept = _SECOND
+    if kept[0] != second:
+        kept = _SECOND = (second, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second)))
+    return f"{kept[1]}.{rest // 1_000_000:03d}Z"
 
 
 @dataclass(frozen=True)
@@ -123,7 +137,7 @@ class Preflight:
         user's key: nothing is then recorded, as nothing could be sealed."""
         with run_span(input) as span:  # preflight.tracing: a span per run, never a value in it
             user_id, agent_id = _ids(input)
-            run_id = str(uuid.uuid4())
+            run_id = new_id()
             sealer = self._sealer(user_id, run_id)  # before deciding: the action key is its pseudonym
             decided = await self._decide(input, sealer.pseudonym if sealer is not None else None)
             state = self._emit(decided, user_id, agent_id, run_id=run_id, sealer=sealer)
@@ -141,7 +155,7 @@ class Preflight:
     ) -> ExecutionRecord:
         """The decided run's record, carrying its events (sealed and signed as this engine does)."""
         if run_id is None:
-            run_id = str(uuid.uuid4())
+            run_id = new_id()
             sealer = self._sealer(user_id, run_id)
         try:
             events, ref = run_events(
@@ -150,7 +164,7 @@ class Preflight:
                 user_id=user_id,
                 agent_id=agent_id,
                 clock=self._clock,
-                new_id=_new_id,
+                new_id=new_id,
                 sign=self._signing(),
                 sealer=sealer,
             )
@@ -162,7 +176,7 @@ class Preflight:
                 user_id=_encodable(user_id),
                 agent_id=_encodable(agent_id),
                 clock=self._clock,
-                new_id=_new_id,
+                new_id=new_id,
                 sealer=sealer,
             )
         if sealer is not None:
@@ -296,7 +310,7 @@ class Preflight:
             user_id=user_id,
             agent_id=agent_id,
             clock=self._clock,
-            new_id=_new_id,
+            new_id=new_id,
             sealer=sealer,
             checked=checked,
         )
@@ -527,8 +541,14 @@ def _encodable(text: str | None) -> str | None:
     return text
 
 
-def _new_id() -> str:
-    return str(uuid.uuid4())
+def new_id() -> str:
+    """A random (version 4) UUID as text, as `str(uuid.uuid4())` writes it, in less than half its time
+    (~2 us against ~5; a run takes eleven: its id, its events', its decision's; bench/README.md, engine)."""
+    raw = bytearray(os.urandom(16))
+    raw[6] = (raw[6] & 0x0F) | 0x40  # version 4
+    raw[8] = (raw[8] & 0x3F) | 0x80  # RFC 4122 variant
+    h = raw.hex()
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
 def create_preflight(

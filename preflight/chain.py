@@ -2,8 +2,14 @@
 ledger's `verify` all apply it from here.
 
 **The hash.** An event's `hash` is the lower-case hex SHA-256 of its `prev_hash`, a newline, and the
-canonical JSON of every member but `hash` (`canonical_json`: keys sorted by code point, no whitespace,
-UTF-8, no NaN). `content_hash` computes it; `hash_matches` checks a decoded event, on the exact text it was
+canonical JSON of every member but `hash`. From event schema version 3 that form is RFC 8785 (JSON
+Canonicalization Scheme, `jcs`): keys sorted by UTF-16 code units, no whitespace, UTF-8, numbers as
+ECMAScript writes them, no NaN -- so a verifier in any language with a JCS library recomputes it.
+Versions 1 and 2 were hashed over `canonical_json` (Python's `json.dumps` with sorted keys: keys by code
+point, floats as `repr`, integers of any size; still the form of the arguments and result digests and of
+the other signed or sealed texts) and still verify by it; `event_canonical_json` picks the form by the
+event's `schema_version`. The two forms spell every string, every integer and every key below U+E000
+the same (`spelled_alike`). `content_hash` computes it; `hash_matches` checks a decoded event, on the exact text it was
 read from when that text is canonical (no re-serialisation), else by computing it. The compiled check of
 the projector (`native/`) is an optional accelerator of `hash_matches` over canonical texts, held to it by
 property tests (`tests/unit/test_native_decode.py`).
@@ -27,18 +33,26 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import orjson
+
 from preflight.errors import ChainError
 
 __all__ = [
     "GENESIS_HASH",
+    "LEGACY_HASH_VERSIONS",
     "TAIL_EVENT_TYPES",
     "ChainFault",
     "Fault",
     "RunCursor",
     "canonical_json",
     "content_hash",
+    "es_number",
+    "event_canonical_json",
     "hash_matches",
+    "jcs",
     "message_problem",
+    "plain_json",
+    "spelled_alike",
     "verify_run",
 ]
 
@@ -48,17 +62,179 @@ TAIL_EVENT_TYPES = frozenset({"executed", "execution_failed"})
 ChainFault = Literal["seq_gap", "broken_link", "close_mismatch", "event_after_close", "unclosed_run"]
 
 
+#: Event schema versions hashed over `canonical_json`; every later one is hashed over RFC 8785.
+LEGACY_HASH_VERSIONS = frozenset({1, 2})
+
+
 def canonical_json(data: Any) -> bytes:
-    """One byte form per value: sorted keys, no spaces, UTF-8, no NaN."""
+    """The form events of versions 1 and 2 were hashed over (and digests and signed texts are taken over):
+    sorted keys (by code point), no spaces, UTF-8, no NaN, floats as Python's `repr`, integers of any size.
+
+    orjson writes the same bytes for strings, booleans, null and 64-bit integers (keys by code point, the
+    same escapes) about ten times faster than the standard library (bench/README.md, engine); anything
+    else (`_plain`) is written by `json.dumps`."""
+    if _plain(data, _INT64):
+        try:
+            return orjson.dumps(data, option=orjson.OPT_SORT_KEYS)
+        except TypeError:  # a lone surrogate: json.dumps below names it as before
+            pass
     return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
 
 
+_INT64 = 2**63 - 1
+#: UTF-8 lead bytes of the characters from U+E000 up: where key order by code point and by UTF-16 code
+#: unit can differ (between U+E000-U+FFFF and U+10000 up).
+_HIGH_BYTES = re.compile(rb"[\xee-\xf4]")
+
+
+def _plain(data: Any, limit: int) -> bool:
+    """True if `data` holds only dicts with str keys, lists, str, bool, None and ints within +-`limit`:
+    values both canonical forms and orjson spell alike (exact types: a subclass is not plain)."""
+    stack = [data]
+    pop, push = stack.pop, stack.append
+    while stack:
+        value = pop()
+        kind = type(value)
+        if kind is str or value is None or kind is bool:
+            continue
+        if kind is dict:
+            for key, item in value.items():
+                if type(key) is not str:
+                    return False
+                push(item)
+        elif kind is list:
+            stack.extend(value)
+        elif kind is int:
+            if not -limit <= value <= limit:
+                return False
+        else:
+            return False
+    return True
+
+
+def plain_json(data: Any) -> bool:
+    """True if `data` is made only of str-keyed dicts, lists, str, bool, None and 64-bit ints (exact types):
+    values every JSON writer here (the two canonical forms, orjson, json) spells alike."""
+    return _plain(data, _INT64)
+
+
+def jcs(data: Any) -> bytes:
+    """The RFC 8785 (JCS) bytes of `data` (JSON values: dict with str keys, list, str, int, float, bool,
+    None). Raises ValueError for NaN, infinities and lone surrogates, TypeError for anything that is not
+    JSON. One extension: an integer beyond +-(2**53 - 1), which RFC 8785 (I-JSON) leaves out, is written
+    in full, as `canonical_json` writes it -- an event holding one verifies with a parser that keeps big
+    integers (Python's, Go's json.Number, JavaScript's JSON.parse with a reviver), not with plain doubles.
+
+    For `_plain` data without a character from U+E000 up -- every event whose values are strings and
+    integers -- RFC 8785's bytes are orjson's sorted bytes (strings are escaped as ECMAScript does,
+    keys sorted by code point agree with UTF-16 order below U+E000); the exact writer (`_jcs`) takes the
+    others (floats, other integers, such keys). Tests hold both to the `rfc8785` package."""
+    if _plain(data, _INT64):
+        try:
+            out = orjson.dumps(data, option=orjson.OPT_SORT_KEYS)
+        except TypeError:  # a lone surrogate: the exact writer names it
+            pass
+        else:
+            if out.isascii() or _HIGH_BYTES.search(out) is None:
+                return out
+    parts: list[str] = []
+    _jcs(data, parts)
+    return "".join(parts).encode()
+
+
+def _jcs(value: Any, out: list[str]) -> None:
+    if value is None:
+        out.append("null")
+    elif value is True:
+        out.append("true")
+    elif value is False:
+        out.append("false")
+    elif isinstance(value, int):
+        out.append(str(int(value)))  # beyond +-(2**53 - 1) in full: see `jcs`
+    elif isinstance(value, float):
+        out.append(es_number(value))
+    elif isinstance(value, str):
+        out.append(json.dumps(value, ensure_ascii=False))  # escapes exactly as ECMAScript's JSON.stringify
+    elif isinstance(value, (list, tuple)):
+        out.append("[")
+        for i, item in enumerate(value):
+            if i:
+                out.append(",")
+            _jcs(item, out)
+        out.append("]")
+    elif isinstance(value, Mapping):
+        for key in value:
+            if not isinstance(key, str):
+                raise TypeError(f"keys must be str, not {type(key).__name__}")
+        out.append("{")
+        for i, key in enumerate(sorted(value, key=lambda k: k.encode("utf-16-be", "surrogatepass"))):
+            if i:
+                out.append(",")
+            out.append(json.dumps(key, ensure_ascii=False))
+            out.append(":")
+            _jcs(value[key], out)
+        out.append("}")
+    else:
+        raise TypeError(f"{type(value).__name__} is not JSON")
+
+
+def es_number(value: float) -> str:
+    """`value` as ECMAScript's Number.prototype.toString writes it (RFC 8785 section 3.2.2.3): the shortest
+    digits that read back as `value` (Python's `repr` finds the same), placed by ECMAScript's rules."""
+    if value != value or value in (float("inf"), float("-inf")):
+        raise ValueError(f"{value} is not a JSON number")
+    if value == 0:
+        return "0"
+    sign = "-" if value < 0 else ""
+    mantissa, _, exponent = repr(abs(value)).partition("e")
+    whole, _, fraction = mantissa.partition(".")
+    digits = whole + fraction
+    point = len(whole) + (int(exponent) if exponent else 0)  # value = 0.<digits> * 10**point
+    stripped = digits.lstrip("0")
+    point -= len(digits) - len(stripped)
+    digits = stripped.rstrip("0")
+    k, n = len(digits), point
+    if k <= n <= 21:
+        text = digits + "0" * (n - k)
+    elif 0 < n <= 21:
+        text = digits[:n] + "." + digits[n:]
+    elif -6 < n <= 0:
+        text = "0." + "0" * -n + digits
+    else:
+        e = n - 1
+        text = digits[0] + ("." + digits[1:] if k > 1 else "") + "e" + ("+" if e >= 0 else "-") + str(abs(e))
+    return sign + text
+
+
+#: A float, as a whole token of canonical (space-free) JSON.
+_BYTES_FLOAT = re.compile(rb"[:,\[]-?\d+[.eE][-+\d.eE]*[,\]}]")
+
+
+def spelled_alike(text: bytes, *, floats_refused: bool = False) -> bool:
+    """True if UTF-8 canonical JSON `text` holds nothing that `canonical_json` and `jcs` spell or order
+    apart: no character from U+E000 up, no float (unless the caller refuses floats already:
+    `floats_refused`); such text inside a string only answers False. A check that sorts keys by code point
+    is then exact for event version 3 too."""
+    if not text.isascii() and _HIGH_BYTES.search(text) is not None:
+        return False
+    return floats_refused or _BYTES_FLOAT.search(text) is None
+
+
+def event_canonical_json(body: Mapping[str, Any]) -> bytes:
+    """The canonical form an event of `body`'s `schema_version` is hashed and written in: RFC 8785 from
+    version 3 on, `canonical_json` for versions 1 and 2."""
+    version = body.get("schema_version")
+    if type(version) is int and version in LEGACY_HASH_VERSIONS:
+        return canonical_json(body)
+    return jcs(body)
+
+
 def content_hash(prev_hash: str, body: Mapping[str, Any]) -> str:
-    """The chain hash of an event whose fields other than `hash` are `body`."""
+    """The chain hash of an event whose fields other than `hash` are `body` (its form by `schema_version`)."""
     h = hashlib.sha256()
     h.update(prev_hash.encode())
     h.update(b"\n")
-    h.update(canonical_json({k: v for k, v in body.items() if k != "hash"}))
+    h.update(event_canonical_json({k: v for k, v in body.items() if k != "hash"}))
     return h.hexdigest()
 
 

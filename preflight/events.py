@@ -11,26 +11,32 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, TypeAdapter, ValidationError
 
 # The run-chain rule lives in `preflight.chain`; its names are re-exported here for the event contract's users.
 from preflight.chain import GENESIS_HASH as GENESIS_HASH
 from preflight.chain import TAIL_EVENT_TYPES as TAIL_EVENT_TYPES
 from preflight.chain import canonical_json as canonical_json
 from preflight.chain import content_hash as content_hash
+from preflight.chain import event_canonical_json as event_canonical_json
 from preflight.chain import hash_matches as hash_matches
 from preflight.chain import verify_run as verify_run
 from preflight.errors import EventDecodeError
-from preflight.records import UNKEYED_RECORD_KEY
+from preflight.records import UNKEYED_RECORD_KEY, private_attrs
 
-EVENT_SCHEMA_VERSION = 2
-"""2: a field is named by JSON Pointer when it is a nested argument leaf and carries its `proposal` status,
+EVENT_SCHEMA_VERSION = 3
+"""3: the chain hash is taken over the event's RFC 8785 (JCS) bytes (`preflight.chain`), which a verifier in
+any language recomputes; versions 1 and 2 keep theirs (Python's sorted `json.dumps`) and verify by it. The
+members are those of version 2.
+
+2: a field is named by JSON Pointer when it is a nested argument leaf and carries its `proposal` status,
 its evidence the (sealed) proposed value; an outcome carries the digest of a tool's structured content and
 its check against the tool's output schema. Version 1 events read unchanged (the new members are optional)."""
-SUPPORTED_EVENT_VERSIONS = frozenset({1, EVENT_SCHEMA_VERSION})
+SUPPORTED_EVENT_VERSIONS = frozenset({1, 2, EVENT_SCHEMA_VERSION})
 
 GapClass = Literal[
     "instruction_gap",
@@ -70,6 +76,23 @@ class Envelope(BaseModel):
     user_id: str | None
     agent_id: str | None
     occurred_at: str
+    # The event's canonical bytes, kept by `seal` from the body it hashed so that publishing does not dump
+    # and canonicalise the event again (`encode_event`); None for an event read back or built otherwise.
+    _canonical: bytes | None = PrivateAttr(default=None)
+
+    def __eq__(self, other: object) -> bool:
+        """Equal events have equal fields, however each was built (the kept bytes are not compared)."""
+        if not isinstance(other, BaseModel):
+            return NotImplemented
+        return type(self) is type(other) and self.__dict__ == other.__dict__
+
+    __hash__ = BaseModel.__hash__
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Any:
+        """A copy, without the kept bytes: a changed copy is written from its fields (`encode_event`)."""
+        copied = super().model_copy(update=update, deep=deep)
+        private_attrs(copied)["_canonical"] = None
+        return copied
 
     @property
     def kafka_key(self) -> str:
@@ -291,18 +314,38 @@ EVENT_TYPES: frozenset[str] = frozenset(
 
 
 def digest(data: Any) -> str:
-    """`sha256:<hex>` of the canonical form of `data`."""
+    """`sha256:<hex>` of `data` in sorted JSON (`canonical_json`: arguments and result digests keep the form
+    they were first defined with, so a decision recorded before event version 3 still matches)."""
     return "sha256:" + hashlib.sha256(canonical_json(data)).hexdigest()
+
+
+#: Stands for the hash in the one canonical text `seal` writes of an event (random: no value can spell it).
+_HASH_PLACEHOLDER: str = os.urandom(32).hex()
+_HASH_MEMBER = b'"hash":"' + _HASH_PLACEHOLDER.encode() + b'",'
 
 
 def seal(body: dict[str, Any]) -> PreflightEvent:
     """Build an event from `body` (every field but `hash`, as JSON values), computing its chain hash.
 
-    The hash is computed over `body` itself; `verify_event_hash` recomputes it over the model's JSON
-    dump, so a body that does not round-trip exactly yields an event that fails verification (the
-    property tests hold this)."""
-    body = {"schema_version": EVENT_SCHEMA_VERSION, **body}
-    return EVENT_ADAPTER.validate_python({**body, "hash": content_hash(body["prev_hash"], body)})
+    The event is written in canonical form once: with a placeholder for its hash, whose member taken out
+    leaves the hashed text (keys are sorted, so the member sits where `hash` sorts) and put back in with
+    the hash gives the published bytes (`encode_event`). The hash is computed over `body` itself;
+    `verify_event_hash` recomputes it over the model's JSON dump, so a body that does not round-trip
+    exactly yields an event that fails verification (the property tests hold this)."""
+    fields = {"schema_version": EVENT_SCHEMA_VERSION, **body, "hash": _HASH_PLACEHOLDER}
+    full = event_canonical_json(fields)
+    at = full.find(_HASH_MEMBER)
+    if at < 0:  # pragma: no cover - every event has members sorting after "hash"
+        raise ValueError("the hash member is not where canonical JSON puts it")
+    before, after = full[:at], full[at + len(_HASH_MEMBER) :]
+    h = hashlib.sha256(fields["prev_hash"].encode())
+    h.update(b"\n")
+    h.update(before)
+    h.update(after)
+    fields["hash"] = hash_ = h.hexdigest()
+    event = EVENT_ADAPTER.validate_python(fields)
+    private_attrs(event)["_canonical"] = before + b'"hash":"' + hash_.encode() + b'",' + after
+    return event
 
 
 def event_body(event: Envelope) -> dict[str, Any]:
@@ -310,8 +353,11 @@ def event_body(event: Envelope) -> dict[str, Any]:
 
 
 def encode_event(event: Envelope) -> bytes:
-    """The event's JSON bytes, as published."""
-    return canonical_json(event_body(event))
+    """The event's JSON bytes, as published: the canonical form of its version (kept by `seal`)."""
+    kept: bytes | None = private_attrs(event)["_canonical"]
+    if kept is not None:
+        return kept
+    return event_canonical_json(event_body(event))
 
 
 def _no_constant(name: str) -> Any:
@@ -358,7 +404,7 @@ def decode_event(data: bytes | str | Mapping[str, Any], *, hashed: bool = False)
         body = event_body(event)
         if hashed:
             return event
-        canonical_json(body)  # what cannot be written back cannot be verified either
+        event_canonical_json(body)  # what cannot be written back cannot be verified either
     except (ValueError, TypeError, RecursionError) as exc:  # NaN, lone surrogates, too deep, non-JSON
         raise EventDecodeError(f"malformed {event_type}: cannot be written as canonical JSON: {exc}") from exc
     return event

@@ -41,9 +41,16 @@ Hook = Callable[..., Any]
 MISSING: Any = object()
 
 
+#: Result types that are never awaitable (exact types: a subclass could define `__await__`). A sync hook's
+#: usual answer skips `inspect.isawaitable`, whose ABC check costs more than the hook (bench/README.md).
+_NEVER_AWAITABLE = frozenset({type(None), str, dict, list, bool, int, float})
+
+
 async def call(fn: Hook, *args: Any) -> Any:
     """Call a sync or async hook and return its result."""
     result = fn(*args)
+    if type(result) in _NEVER_AWAITABLE:
+        return result
     if inspect.isawaitable(result):
         result = await result
     return result

@@ -13,7 +13,10 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 from preflight.arguments import name_of, value_at
+from preflight.chain import plain_json
 from preflight.hooks import MISSING, Hook, LookupContext, call, read, takes
 from preflight.normalise import denotes, whole_token
 from preflight.records import ExecutionRecord, FieldRecord
@@ -118,6 +121,14 @@ def json_value(value: Any) -> tuple[bool, Any]:
     """(True, value) if `value` can be recorded verbatim as JSON, else (False, None)."""
     if _too_deep(value):
         return False, None
+    if plain_json(value):
+        # Strings, integers within 64 bits, booleans, null, lists and str-keyed dicts: orjson's round trip
+        # is json's (same values, same key order) in a tenth of the time; it refuses a lone surrogate
+        # (TypeError) where json's text would fail to encode below.
+        try:
+            return True, orjson.loads(orjson.dumps(value))
+        except TypeError:
+            return False, None
     try:
         text = json.dumps(value, allow_nan=False, ensure_ascii=False)
         text.encode("utf-8")  # a lone surrogate cannot be written as UTF-8

@@ -50,16 +50,16 @@ import msgspec
 import orjson
 from pydantic import BaseModel
 
-from preflight.chain import message_problem
+from preflight.chain import LEGACY_HASH_VERSIONS, message_problem, spelled_alike
 from preflight.errors import EventDecodeError
 from preflight.events import (
     EVENT_TYPES,
     SUPPORTED_EVENT_VERSIONS,
     TAIL_EVENT_TYPES,
     PreflightEvent,
-    canonical_json,
     content_hash,
     decode_event,
+    event_canonical_json,
 )
 from preflight.records import UNKEYED_RECORD_KEY
 
@@ -397,7 +397,14 @@ def _fast_path(value: bytes, columns: Any = None) -> tuple[list[EventJson], list
     message this path could not judge exactly). A strictly valid event decodes into a struct of exactly
     the JSON object it was read from (`_shape`: a field left out stays out, e.g. an unsigned decision's
     `signature`), so its sorted encoding is the canonical form, and its plain dict that object.
+
+    Both checks (msgspec's and the compiled one) sort keys by code point and take integers of any size: the
+    canonical form of event versions 1 and 2. For version 3 (RFC 8785) they are exact only for a message
+    `spelled_alike` (no character from U+E000 up, no float, no number of 16 digits or more), so any other
+    message is judged by the reference path, whatever its versions (the compiled check knows no version).
     """
+    if not spelled_alike(value, floats_refused=True):  # a float fails both decoders (`_no_float`)
+        return None
     if _NATIVE is not None:
         relaxed = _decoded(value, _RELAXED)
         if not relaxed:  # what the relaxed shapes refuse, the strict ones refuse too
@@ -565,7 +572,9 @@ def _hashed_text(item: dict[str, Any], exact: bool) -> bytes | None:
     prev = item["prev_hash"]
     if exact:
         full = orjson.dumps(item, option=_SORTED)
-        body = _without_hash(full, claimed)
+        # orjson's sorted form is the canonical form of versions 1 and 2, and of version 3 when spelled alike.
+        legacy = item.get("schema_version") in LEGACY_HASH_VERSIONS
+        body = _without_hash(full, claimed) if legacy or spelled_alike(full) else None
         if body is not None:
             digest = hashlib.sha256(prev.encode() + b"\n" + body).hexdigest()
             if digest == claimed:
@@ -574,7 +583,7 @@ def _hashed_text(item: dict[str, Any], exact: bool) -> bytes | None:
     try:
         if claimed != content_hash(prev, item):
             return None
-        return canonical_json(item)
+        return event_canonical_json(item)
     except (TypeError, ValueError):  # NaN / Infinity, or a lone surrogate: no canonical form
         return None
 

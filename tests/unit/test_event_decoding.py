@@ -289,7 +289,7 @@ def mutated_events(draw: DrawFn) -> tuple[str, dict[str, Any]]:
         )
     else:
         doc["schema_version"] = draw(
-            st.sampled_from([99, 0, 3, -1, "1", None, "one", 1.5, 1.0, True, [1], {"v": 1}]) | UNHASHABLE
+            st.sampled_from([99, 0, 4, -1, "1", None, "one", 1.5, 1.0, True, [1], {"v": 1}]) | UNHASHABLE
         )
     return f"{real.event_type}:{how}", doc
 

@@ -41,6 +41,7 @@ from preflight import (
     verify_run,
 )
 from preflight import scenario as sc
+from preflight.chain import jcs
 from preflight.events import (
     EVENT_TYPES,
     SUPPORTED_EVENT_VERSIONS,
@@ -360,13 +361,13 @@ class TestDecode:
         assert isinstance(rejected, Rejected) and rejected.code == "unprojectable"
 
     async def test_a_float_is_hashed_as_the_engine_hashed_it(self) -> None:
-        """orjson writes 1e-05 as 0.00001: such a message takes the reference path, and passes."""
+        """A float (1e-05, written 0.00001 in RFC 8785) sends the message down the reference path, which passes it."""
         pf = sc.engine(
             measure_from_environment=lambda f, ctx: {"valid": True, "value": 1e-05} if f == "to_account" else None
         )
         state = await sc.decide(pf, tool=UNTYPED_TOOL)
         value = message(state.run_events).value
-        assert value is not None and b"1e-05" in value
+        assert value is not None and b"0.00001" in value
         assert _fast_path(value) is None
         assert isinstance(decode_incoming(message(state.run_events)), VerifiedRun)
 
@@ -394,7 +395,7 @@ class TestDecode:
     @pytest.mark.parametrize(
         ("value", "spelling", "encode"),
         [
-            (1e-05, b"0.00001", lambda body: orjson.dumps(body, option=orjson.OPT_SORT_KEYS)),
+            (1e16, b"1e+16", lambda body: orjson.dumps(body, option=orjson.OPT_SORT_KEYS)),
             (1e16, b"1e16", msgspec.json.Encoder(order="sorted").encode),
         ],
         ids=["orjson", "msgspec"],
@@ -402,14 +403,14 @@ class TestDecode:
     async def test_a_chain_hashed_over_another_spelling_of_a_float_is_refused(
         self, value: float, spelling: bytes, encode: Callable[[Any], bytes]
     ) -> None:
-        """A producer that hashed another library's spelling of a float (orjson's 0.00001 for 1e-05,
-        msgspec's 1e16 for 1e+16) made an intact chain -- by its own rules. `verify_run` refuses it, so
+        """A producer that hashed another library's spelling of a float (orjson's 1e+16 and msgspec's 1e16
+        where RFC 8785 writes 10000000000000000) made an intact chain -- by its own rules. `verify_run` refuses it, so
         the projector does too."""
         events = dumped((await asked()).run_events)
         events[3]["field"] = {**events[3]["field"], "value": value}
         events = rechained(events, encode)
         data = encode(events)
-        assert spelling in data and spelling not in canonical_json(events)
+        assert spelling in data and spelling not in jcs(events)
         with pytest.raises(ChainError):
             verify_run([decode_event(e) for e in json.loads(data)])
         rejected = decode_incoming(raw_message(data))
