@@ -2,7 +2,7 @@
 span, with the decision, gap class and counts as attributes and never a value (`preflight.tracing`).
 
 The spans are read with the OpenTelemetry SDK's in-memory exporter, installed once as the process's tracer
-provider: the engine's tracer is the API's proxy, which follows the provider set after it was made.
+provider (`tests.spans`): the engine's tracer is the API's proxy, which follows the provider set after it was made.
 """
 
 from __future__ import annotations
@@ -13,27 +13,20 @@ from typing import Any
 
 import pytest
 from opentelemetry import trace
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
 from preflight import scenario as sc
 from preflight.records import ExecutionRecord
-
-_EXPORTER = InMemorySpanExporter()
+from tests.spans import span_exporter
 
 
 @pytest.fixture
 def spans() -> Iterator[InMemorySpanExporter]:
-    provider = trace.get_tracer_provider()
-    if not isinstance(provider, TracerProvider):  # the first test installs it, for the whole process
-        provider = TracerProvider()
-        provider.add_span_processor(SimpleSpanProcessor(_EXPORTER))
-        trace.set_tracer_provider(provider)
-    _EXPORTER.clear()
-    yield _EXPORTER
-    _EXPORTER.clear()
+    exporter = span_exporter()
+    yield exporter
+    exporter.clear()
 
 
 def _preflight_spans(exporter: InMemorySpanExporter) -> list[ReadableSpan]:

@@ -17,8 +17,6 @@ import httpx
 import pytest
 from mcp.types import RequestParamsMeta
 from opentelemetry import trace
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -27,12 +25,11 @@ from preflight import MemoryEventSink, rebuild_record
 from preflight.adapters.mcp import INSTRUCTION_META_KEY, result_text
 from preflight.adapters.ops import OpsServer
 from tests.gateway_support import Scripted, client_of, engine, running_gateway, write_settings
+from tests.spans import span_exporter
 
 pytestmark = pytest.mark.integration
 
 FRAGILE = Path(__file__).resolve().parents[2] / "servers" / "fragile_server.py"
-_EXPORTER = InMemorySpanExporter()
-_INSTALLED: list[bool] = []
 
 
 def fragile_settings(tmp_path: Path, names: list[str]) -> Path:
@@ -105,15 +102,7 @@ class TestMetrics:
 
 @pytest.fixture
 def spans() -> InMemorySpanExporter:
-    provider = trace.get_tracer_provider()
-    if not isinstance(provider, TracerProvider):
-        provider = TracerProvider()
-        trace.set_tracer_provider(provider)
-    if not _INSTALLED:
-        provider.add_span_processor(SimpleSpanProcessor(_EXPORTER))
-        _INSTALLED.append(True)
-    _EXPORTER.clear()
-    return _EXPORTER
+    return span_exporter()
 
 
 class TestTracing:
