@@ -34,8 +34,11 @@ the API reads what each committed batch wrote.
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
+import hashlib
 import logging
+import re
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
@@ -48,7 +51,7 @@ import anyio.to_thread
 import duckdb
 from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi.openapi.docs import get_swagger_ui_html
-from fastapi.responses import HTMLResponse
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, Field
@@ -57,6 +60,8 @@ import queries
 from preflight.protect import ValueProtector
 from preflight_audit import console, report
 from preflight_audit.access import PROTECTION_COLUMN, ROLES, TokenTable, analyst_rows, compliance_rows
+from preflight_audit.guard import BODY_TIMEOUT_S, HttpGuard
+from preflight_audit.sessions import FailureLimit, Sessions, TooManyFailures, role_of_token
 from projections import ProjectionError, migrations, open_database
 
 __all__ = ["ROLES", "Caller", "QueryAnswer", "caller", "create_app", "requires"]
@@ -80,11 +85,11 @@ def _unauthorized(detail: str, error: str | None = None) -> HTTPException:
 
 
 def caller(request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_BEARER)]) -> Caller:
-    """The caller of a request, by its bearer token (401 without one, or with one nobody configured)."""
-    tokens: TokenTable = request.app.state.tokens
+    """The caller of a request, by its bearer token (401 without one, or with one nobody configured; 429
+    once its address presented too many unknown ones, `preflight_audit.sessions.FailureLimit`)."""
     if credentials is None or credentials.scheme.lower() != "bearer" or not credentials.credentials:
         raise _unauthorized("this needs a bearer token (Authorization: Bearer <token>)")
-    role = tokens.role_of(credentials.credentials)
+    role = role_of_token(request, credentials.credentials)
     if role is None:
         raise _unauthorized("the bearer token is not one this API knows", "invalid_token")
     return Caller(role, frozenset({role}))
@@ -217,11 +222,17 @@ def create_app(
     tokens: TokenTable | None = None,
     protector: ValueProtector | None = None,
     ledger_keys: Sequence[Any] = (),
+    sessions: Sessions | None = None,
+    failure_limit: FailureLimit | None = None,
+    body_timeout_s: float = BODY_TIMEOUT_S,
 ) -> FastAPI:
     """The read API over the projection database at `database` (see the module doc), with the console at
     ``/console/`` (`preflight_audit.console`). `tokens`: who may call it (None or empty: nobody but
     ``/healthz``); `protector`: opens values for compliance (None: sealed values answer
-    ``"unreadable"``); `ledger_keys`: the ledger's public keys, for the console's "verify now"."""
+    ``"unreadable"``); `ledger_keys`: the ledger's public keys, for the console's "verify now";
+    `sessions`, `failure_limit`: the console's sign-ins and the bound on wrong tokens (defaults of
+    `preflight_audit.sessions`). Every request passes `preflight_audit.guard.HttpGuard` first (a request's
+    body must arrive within `body_timeout_s`)."""
     db = _Database(Path(database), read_only)
 
     @asynccontextmanager
@@ -242,6 +253,17 @@ def create_app(
     app.state.database = db
     app.state.tokens = tokens if tokens is not None else TokenTable(())
     app.state.protector = protector
+    app.state.sessions = sessions if sessions is not None else Sessions()
+    app.state.failure_limit = failure_limit if failure_limit is not None else FailureLimit()
+    app.add_middleware(HttpGuard, body_timeout_s=body_timeout_s)
+
+    @app.exception_handler(TooManyFailures)
+    async def too_many(request: Request, exc: TooManyFailures) -> Response:
+        headers = {"Retry-After": str(exc.retry_after)}
+        if request.url.path.startswith("/console"):
+            return console.too_many_page(request, str(exc), headers)
+        return JSONResponse({"detail": str(exc)}, status_code=429, headers=headers)
+
     _offline_docs(app)
     console.install(app, ledger_keys=ledger_keys)
 
@@ -320,13 +342,21 @@ def _offline_docs(app: FastAPI) -> None:
 
     @app.get("/docs", include_in_schema=False)
     def docs() -> HTMLResponse:
-        return get_swagger_ui_html(
+        page = get_swagger_ui_html(
             openapi_url="/openapi.json",
             title=f"{app.title} - docs",
             swagger_js_url="/docs-assets/swagger-ui-bundle.js",
             swagger_css_url="/docs-assets/swagger-ui.css",
             swagger_favicon_url="/docs-assets/favicon.png",
         )
+        # The page's one inline script (Swagger UI's start) is admitted by its hash, nothing else inline.
+        inline = re.findall(r"<script>(.*?)</script>", bytes(page.body).decode(), flags=re.S)
+        hashes = " ".join(f"'sha256-{base64.b64encode(hashlib.sha256(s.encode()).digest()).decode()}'" for s in inline)
+        page.headers["Content-Security-Policy"] = (
+            f"default-src 'self'; script-src 'self' {hashes}; style-src 'self' 'unsafe-inline';"
+            " img-src 'self' data:; frame-ancestors 'none'; base-uri 'none'"
+        )
+        return page
 
 
 def _described(params: dict[str, str | None]) -> str:

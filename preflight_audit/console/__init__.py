@@ -11,6 +11,6 @@ No front-end build step: Jinja2 templates, one stylesheet and a few lines of scr
 keyboard navigation, all served from this package (`routes.install` mounts them).
 """
 
-from preflight_audit.console.routes import COOKIE, PAGE_SIZE, install
+from preflight_audit.console.routes import COOKIE, PAGE_SIZE, install, too_many_page
 
-__all__ = ["COOKIE", "PAGE_SIZE", "install"]
+__all__ = ["COOKIE", "PAGE_SIZE", "install", "too_many_page"]

@@ -74,6 +74,8 @@ def parse_time(name: str, text: str | None, *, end: bool = False) -> dt.datetime
             moment = dt.datetime.combine(day + dt.timedelta(days=1 if end else 0), dt.time(), dt.UTC)
         else:
             moment = dt.datetime.fromisoformat(raw)
+    except OverflowError:  # the end of 9999-12-31 is past the last datetime
+        raise TimeRangeError(f"{name} {raw[:40]!r} is past the last day this can read (9999-12-30)") from None
     except ValueError:
         raise TimeRangeError(
             f"{name} {raw[:40]!r} is not a date (YYYY-MM-DD) or a date and time (YYYY-MM-DDTHH:MM)"

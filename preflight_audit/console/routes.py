@@ -6,20 +6,25 @@ through the caller's role view (`preflight_audit.access`: compliance reads value
 and renders a Jinja2 template. ``?csv=<table>`` on a page answers that table as CSV instead
 (`report.write_csv`: formula-like cells neutralised).
 
-The token comes from the login form (kept in an HttpOnly, SameSite=Strict cookie scoped to ``/console``)
-or an ``Authorization: Bearer`` header. No token leads to the login page; a role a page does not admit is
-a 403 page. Bad input -- an unknown key, a malformed time range, an id that is no run -- is a page
-saying so, never a traceback.
+Signing in with a token starts a server-side session (`preflight_audit.sessions.Sessions`): the HttpOnly,
+SameSite=Strict cookie scoped to ``/console`` holds only its random id, which expires and which signing out
+ends. A request may instead carry ``Authorization: Bearer <token>``. Unknown tokens count against the
+client's address (429 past the bound). No session leads to the login page; a role a page does not admit is
+a 403 page. Every POST is checked to come from a page of this server by `preflight_audit.guard.HttpGuard`,
+around the whole app. The heavy pages (integrity, verify, export, gap trends) are served ``HEAVY_AT_ONCE``
+at a time; beyond that, a 503 page asks to retry. Bad input -- an unknown key, a malformed time range, an
+id that is no run -- is a page saying so, never a traceback.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import io
+import shutil
 import tempfile
+import threading
 import urllib.parse
 import zipfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -28,7 +33,7 @@ from fastapi import APIRouter, Depends, FastAPI, Query, Request
 from fastapi import Path as PathParam
 from fastapi.exception_handlers import http_exception_handler, request_validation_exception_handler
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -36,29 +41,39 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 import queries
 from preflight.protect import ValueProtector
 from preflight_audit import report
-from preflight_audit.access import TokenTable, analyst_rows, compliance_rows
+from preflight_audit.access import analyst_rows, compliance_rows
 from preflight_audit.console import pages
 from preflight_audit.export import export_parquet
+from preflight_audit.guard import SECURITY_HEADERS
+from preflight_audit.sessions import Sessions, role_of_token
 
-__all__ = ["COOKIE", "PAGE_SIZE", "install"]
+__all__ = ["COOKIE", "HEAVY_AT_ONCE", "PAGE_SIZE", "install", "too_many_page"]
 
 HERE = Path(__file__).parent
-#: The cookie the login form sets (the token itself; HttpOnly, SameSite=Strict, path /console).
+#: The cookie the login form sets (a session's id; HttpOnly, SameSite=Strict, path /console).
 COOKIE = "preflight_console"
+#: The heavy pages served at once (beyond: a 503 page at once, never a queue that grows).
+HEAVY_AT_ONCE = 2
 #: Runs per page of the search and of an action's timeline.
 PAGE_SIZE = 20
 _MAX_TEXT = 256
-_SECURITY_HEADERS = {
-    "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'; form-action 'self'",
-    "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
-    "Cache-Control": "no-store",
-}
+_SECURITY_HEADERS = {**SECURITY_HEADERS, "Cache-Control": "no-store"}
 
 templates = Jinja2Templates(directory=str(HERE / "templates"))
 templates.env.globals["shown_value"] = pages.shown_value
 templates.env.globals["key_label"] = pages.key_label
 templates.env.filters["short"] = report.short
+
+
+def action_href(run: Mapping[str, Any]) -> str:
+    """The link to a run's action: by its key, or by the run when the key is too long for a link."""
+    key = str(run.get("action_key") or "")
+    if len(key) <= _MAX_TEXT:
+        return "/console/action?" + urllib.parse.urlencode({"key": key})
+    return "/console/action?" + urllib.parse.urlencode({"run": str(run.get("run_id") or "")})
+
+
+templates.env.globals["action_href"] = action_href
 
 
 class LoginRequired(Exception):
@@ -95,12 +110,12 @@ class Viewer:
         return analyst_rows(name, rows)
 
 
-def _token_of(request: Request) -> str | None:
+def _bearer_of(request: Request) -> str | None:
     header = request.headers.get("authorization", "")
     scheme, _, credentials = header.partition(" ")
     if scheme.lower() == "bearer" and credentials.strip():
         return credentials.strip()
-    return request.cookies.get(COOKIE) or None
+    return None
 
 
 def _here(request: Request) -> str:
@@ -109,12 +124,18 @@ def _here(request: Request) -> str:
 
 
 def viewer(request: Request) -> Viewer:
-    """The caller, by the console cookie or a bearer token; the login page without a known one."""
-    tokens: TokenTable = request.app.state.tokens
-    token = _token_of(request)
-    role = tokens.role_of(token) if token else None
+    """The caller, by a bearer token or the console's session cookie; the login page without a known one."""
+    token = _bearer_of(request)
+    if token is not None:
+        role = role_of_token(request, token)
+        if role is None:
+            raise LoginRequired(_here(request), "that token is not one this console knows")
+        return Viewer(role, request.app.state.protector)
+    sessions: Sessions = request.app.state.sessions
+    session_id = request.cookies.get(COOKIE)
+    role = sessions.role_of(session_id) if session_id else None
     if role is None:
-        raise LoginRequired(_here(request), "that token is not one this console knows" if token else None)
+        raise LoginRequired(_here(request), "your session has ended: sign in again" if session_id else None)
     return Viewer(role, request.app.state.protector)
 
 
@@ -147,6 +168,22 @@ def cursor(request: Request, who: Reader) -> Any:
 
 
 Cursor = Annotated[duckdb.DuckDBPyConnection, Depends(cursor)]
+
+
+def heavy(request: Request) -> Iterator[None]:
+    """A place among the `HEAVY_AT_ONCE` heavy pages served at once; a 503 page when none is free."""
+    places: threading.BoundedSemaphore = request.app.state.heavy
+    if not places.acquire(blocking=False):
+        raise ConsolePageError(
+            503, "Busy", "The server is already reading the whole archive for others: try again in a moment."
+        )
+    try:
+        yield
+    finally:
+        places.release()
+
+
+Heavy = Depends(heavy)
 
 
 def _run(con: duckdb.DuckDBPyConnection, name: str, **params: Any) -> list[dict[str, Any]]:
@@ -214,21 +251,40 @@ async def login(request: Request) -> Response:
     form = urllib.parse.parse_qs((await request.body()).decode("utf-8", "replace"), max_num_fields=4)
     token = (form.get("token") or [""])[0].strip()
     target = _safe_next((form.get("next") or [""])[0])
-    tokens: TokenTable = request.app.state.tokens
-    if not token or tokens.role_of(token) is None:
+    role = role_of_token(request, token) if token else None
+    if role is None:
         return _page(request, "login.html", 401, next=target, error="That token is not one this console knows.")
+    sessions: Sessions = request.app.state.sessions
     response = RedirectResponse(target, status_code=303, headers=_SECURITY_HEADERS)
     response.set_cookie(
-        COOKIE, token, httponly=True, samesite="strict", path="/console", secure=request.url.scheme == "https"
+        COOKIE,
+        sessions.start(role),
+        max_age=int(sessions.lifetime_s),
+        httponly=True,
+        samesite="strict",
+        path="/console",
+        secure=request.url.scheme == "https",
     )
     return response
 
 
 @router.post("/logout")
-def logout() -> Response:
+def logout(request: Request) -> Response:
+    """Sign out: the session ends on the server (its cookie, replayed, opens nothing), and the cookie goes."""
+    session_id = request.cookies.get(COOKIE)
+    if session_id:
+        sessions: Sessions = request.app.state.sessions
+        sessions.end(session_id)
     response = RedirectResponse("/console/login", status_code=303, headers=_SECURITY_HEADERS)
     response.delete_cookie(COOKIE, path="/console")
     return response
+
+
+def too_many_page(request: Request, message: str, headers: Mapping[str, str]) -> HTMLResponse:
+    """The login page, refusing for now: a client tried too many unknown tokens (429)."""
+    page = _page(request, "login.html", 429, next=_safe_next(None), error=f"Too many wrong tokens: {message}.")
+    page.headers.update(headers)
+    return page
 
 
 # ---- search -------------------------------------------------------------------------------------------------
@@ -348,11 +404,21 @@ def action(
     request: Request,
     who: Reader,
     con: Cursor,
-    key: Annotated[str, Query(min_length=1, max_length=_MAX_TEXT)],
+    key: Annotated[str | None, Query(min_length=1, max_length=_MAX_TEXT)] = None,
+    of_run: Annotated[str | None, Query(alias="run", min_length=1, max_length=_MAX_TEXT)] = None,
     page: Annotated[int | None, Query(ge=1, le=1_000_000)] = None,
 ) -> Response:
-    """One action's timeline: its runs in log order, a page at a time, each with its fields."""
+    """One action's timeline: its runs in log order, a page at a time, each with its fields. The action is
+    named by its key, or by one of its runs (`action_href`: an agent may choose a key too long for a link)."""
     number = _page_number(page)
+    if key is None:
+        if of_run is None:
+            raise ConsolePageError(422, "That cannot be asked", "name the action: ?key=<action key> or ?run=<run id>")
+        found = _run(con, "runs_search", run_id=of_run)
+        if not found or not found[0].get("action_key"):
+            raise ConsolePageError(404, "No such action", f"No projected run {of_run[:80]!r} has an action key.")
+        key = str(found[0]["action_key"])
+    here = {"key": key} if of_run is None else {"run": of_run}
     runs = who.rows(
         "runs_search",
         _run(con, "runs_search", action_key=key, page_size=PAGE_SIZE, page_offset=(number - 1) * PAGE_SIZE),
@@ -376,9 +442,7 @@ def action(
     if csv is not None:
         return csv
     paging = pages.Page(number, PAGE_SIZE, int(runs[0]["total"]))
-    return _page(
-        request, "action.html", who=who, key=key, story=story, page=paging, query=urllib.parse.urlencode({"key": key})
-    )
+    return _page(request, "action.html", who=who, key=key, story=story, page=paging, query=urllib.parse.urlencode(here))
 
 
 #: Up to this many runs under one key, a page reads the fields of all of them with one `provenance` query
@@ -446,6 +510,7 @@ def gaps(
     request: Request,
     who: Reader,
     con: Cursor,
+    _: Annotated[None, Heavy],
     since: Annotated[str | None, Query(alias="from", max_length=40)] = None,
     until: Annotated[str | None, Query(alias="to", max_length=40)] = None,
 ) -> Response:
@@ -507,7 +572,7 @@ def gaps(
 
 
 @router.get("/integrity", response_class=HTMLResponse)
-def integrity(request: Request, who: Compliance, con: Cursor) -> Response:
+def integrity(request: Request, who: Compliance, con: Cursor, _: Annotated[None, Heavy]) -> Response:
     """The latest verify, the digest chain's state, dead letters with their reasons, integrity findings."""
     findings = _run(con, "integrity")
     letters = _run(con, "dead_letters")
@@ -556,7 +621,7 @@ def _chain_state(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
 
 
 @router.post("/integrity/verify")
-def verify_now(request: Request, who: Compliance, con: Cursor) -> Response:
+def verify_now(request: Request, who: Compliance, con: Cursor, _: Annotated[None, Heavy]) -> Response:
     """Run `verify` over the archive now (the ledger's public keys the server was given); keep its report."""
     from ledger.verify import verify_connection
 
@@ -578,27 +643,82 @@ def export(
     request: Request,
     who: Compliance,
     con: Cursor,
+    _: Annotated[None, Heavy],
     since: Annotated[str | None, Query(alias="from", max_length=40)] = None,
     until: Annotated[str | None, Query(alias="to", max_length=40)] = None,
 ) -> Response:
     """The runs started in a time range, with their fields, items, gates, outcomes and events, as Parquet
-    files in one zip."""
+    files in one zip -- streamed: the files are written to disk, then zipped as they are sent, so memory
+    holds a chunk, never the archive. The file name is made of the parsed range, never of the raw input."""
     try:
         start, stop = pages.time_range(since, until)
     except pages.TimeRangeError as exc:
         raise ConsolePageError(422, "That range cannot be read", str(exc)) from exc
-    with tempfile.TemporaryDirectory(prefix="preflight-export-") as scratch:
-        written = export_parquet(con, Path(scratch), since=start, until=stop)
-        buffer = io.BytesIO()
-        with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as archive:
-            for item in written:
-                archive.write(item.path, item.path.name)
-    name = f"preflight-audit-{since or 'start'}-{until or 'now'}.zip".replace(":", "")
-    return Response(
-        buffer.getvalue(),
+    scratch = Path(tempfile.mkdtemp(prefix="preflight-export-"))
+    try:
+        written = export_parquet(con, scratch, since=start, until=stop)
+        # Opened now, the directory removed now: the open files are read while sending, and nothing is
+        # left behind however the download ends.
+        opened = [(item.path.name, open(item.path, "rb")) for item in written]  # noqa: SIM115
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    name = f"preflight-audit-{_stamp(start) or 'start'}-{_stamp(stop) or 'now'}.zip"
+    return StreamingResponse(
+        _zipped(opened),
         media_type="application/zip",
         headers={"Content-Disposition": f'attachment; filename="{name}"', **_SECURITY_HEADERS},
     )
+
+
+def _stamp(moment: dt.datetime | None) -> str | None:
+    return moment.astimezone(dt.UTC).strftime("%Y%m%dT%H%MZ") if moment is not None else None
+
+
+class _Chunks:
+    """A write-only stream whose writes are taken away in chunks (zipfile writes to it)."""
+
+    def __init__(self) -> None:
+        self.parts: list[bytes] = []
+        self.written = 0
+
+    def write(self, data: bytes) -> int:
+        self.parts.append(bytes(data))
+        self.written += len(data)
+        return len(data)
+
+    def tell(self) -> int:
+        return self.written
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def take(self) -> bytes:
+        out, self.parts = b"".join(self.parts), []
+        return out
+
+
+_CHUNK = 1 << 20
+
+
+def _zipped(files: list[tuple[str, Any]]) -> Iterator[bytes]:
+    """A zip of the open `files`, produced a chunk at a time; every file is closed however it ends."""
+    sink = _Chunks()
+    try:
+        with zipfile.ZipFile(sink, "w", zipfile.ZIP_STORED) as archive:
+            for name, handle in files:
+                info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
+                with archive.open(info, "w", force_zip64=True) as entry:
+                    while block := handle.read(_CHUNK):
+                        entry.write(block)
+                        yield sink.take()
+                yield sink.take()
+        yield sink.take()
+    finally:
+        for _, handle in files:
+            handle.close()
 
 
 # ---- errors and wiring -------------------------------------------------------------------------------------
@@ -608,6 +728,7 @@ def install(app: FastAPI, *, ledger_keys: Sequence[Any] = ()) -> None:
     """Mount the console on `app` (the API's): its routes, its static files, its error pages."""
     app.state.latest_verify = None
     app.state.ledger_keys = list(ledger_keys)
+    app.state.heavy = threading.BoundedSemaphore(HEAVY_AT_ONCE)
     app.include_router(router)
     app.mount("/console/static", StaticFiles(directory=str(HERE / "static")), name="console-static")
 
