@@ -22,10 +22,14 @@ $(STAMP): pyproject.toml $(NATIVE_SOURCES) $(NODE_SERVERS)/package-lock.json
 venv: $(STAMP)
 
 # The projector's compiled check (native/, Rust): built and installed wherever cargo is; without it the
-# projector runs the same check in Python, more slowly (projections/README.md).
+# projector runs the same check in Python, more slowly (projections/README.md). On CI (CI set) a missing
+# toolchain fails the build: its tests must run there.
 native:
 	@if command -v cargo >/dev/null 2>&1; then \
 		$(BIN)/python -m pip install --quiet ./native; \
+	elif [ -n "$$CI" ]; then \
+		echo "no Rust toolchain (cargo) on CI: the compiled check must be built and tested there (rustup.rs)" >&2; \
+		exit 1; \
 	else \
 		echo "no Rust toolchain (cargo): the projector checks canonical events in Python" >&2; \
 	fi
