@@ -1,7 +1,8 @@
 """One contender of the replay race: an engine process acting on signed decisions it did not make.
 
 ``python -m tests.integration.replay_racer DIR STORE`` reads ``DIR/decisions.json`` (each decision's
-events, as published) and ``DIR/decision.pub`` (the signer's public key), waits until ``DIR/go`` exists,
+events, as published) and ``DIR/decision.pub`` (the signer's public key), says it is at the start line
+(``DIR/ready-<pid>``), waits until ``DIR/go`` exists (the test writes it once every racer is ready),
 then asks its own engine -- trusting that key, claiming in STORE (``memory``, ``file:PATH`` or
 ``postgres:CONNINFO``) -- to execute each decision once. Every call of the tool appends a line to
 ``DIR/calls``; the outcomes go to ``DIR/outcomes-<pid>.json``.
@@ -46,6 +47,7 @@ async def main(directory: Path, spec: str) -> None:
             log.write(f"{os.getpid()} {arguments['to_account']}\n")
         return "ok"
 
+    (directory / f"ready-{os.getpid()}").touch()  # imported and built: at the start line
     deadline = time.monotonic() + 120
     while not (directory / "go").exists():
         if time.monotonic() > deadline:

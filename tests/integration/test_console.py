@@ -311,7 +311,7 @@ class TestGapTrends:
         sign_in(page, served, served.analyst, then="/console/gaps")
         for by in ("tool", "agent_id", "day"):
             expected = {
-                str(g[by]): {c: g[c] for c, _ in report.GAP_CLASSES} | {"runs": g["runs"]}
+                str(g[by] or "(none)"): {c: g[c] for c, _ in report.GAP_CLASSES} | {"runs": g["runs"]}
                 for g in report.gap_roll_up(rows, by)
             }
             table = page.locator(f'table.numbers[data-by="{by}"] tbody tr')
@@ -327,18 +327,13 @@ class TestGapTrends:
             assert shown == expected, by
             bars = page.locator(f'svg[data-by="{by}"] rect[data-count]')
             drawn = {(b["group"], b["class"]): b["count"] for b in _bars(bars)}
-            assert (
-                drawn
-                == {
-                    (group, column): counts[column]
-                    for group, counts in expected.items()
-                    for column, _ in report.GAP_CLASSES
-                    if counts[column]
-                }
-                or by != "tool"
-            ), by
-        classes = {c for c, _ in report.GAP_CLASSES}
-        assert {b["class"] for b in _bars(page.locator('svg[data-by="day"] rect[data-count]'))} <= classes
+            assert drawn, f"the {by} chart draws no bar"  # the demo's runs have gaps on every axis
+            assert drawn == {
+                (group, column): counts[column]
+                for group, counts in expected.items()
+                for column, _ in report.GAP_CLASSES
+                if counts[column]
+            }, by
         expect(page.get_by_role("heading", name="By day (UTC)")).to_be_visible()
         no_horizontal_overflow(page)
         shot(page, "gaps", width)

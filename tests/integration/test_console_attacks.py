@@ -111,9 +111,7 @@ def served(database: Path) -> Iterator[Served]:
 
 def _signed_in(client: httpx.Client, base: str, token: str = COMPLIANCE) -> str:
     """Sign in through the login form as a browser on the console would; the session cookie."""
-    answer = client.post(
-        f"{base}/console/login", data={"token": token, "next": "/console/"}, headers={"Origin": base}
-    )
+    answer = client.post(f"{base}/console/login", data={"token": token, "next": "/console/"}, headers={"Origin": base})
     assert answer.status_code == 303, answer.text
     cookie = client.cookies.get("preflight_console")
     assert cookie is not None
@@ -137,7 +135,7 @@ class _Attacker:
         }
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 (the standard library's name)
+            def do_GET(self) -> None:
                 form = pages.get(self.path, "")
                 body = f"<!doctype html><body>{form}<script>document.forms[0].submit()</script></body>".encode()
                 self.send_response(200)
@@ -417,9 +415,11 @@ class TestHeavyPages:
     def test_concurrent_heavy_requests_are_each_answered_or_turned_away(self, served: Served) -> None:
         from concurrent.futures import ThreadPoolExecutor
 
-        with httpx.Client(timeout=WAIT_S, headers={"Authorization": f"Bearer {COMPLIANCE}"}) as client:
-            with ThreadPoolExecutor(16) as pool:
-                statuses = list(pool.map(lambda _: client.get(f"{served.base}/console/integrity").status_code, range(48)))
+        with (
+            httpx.Client(timeout=WAIT_S, headers={"Authorization": f"Bearer {COMPLIANCE}"}) as client,
+            ThreadPoolExecutor(16) as pool,
+        ):
+            statuses = list(pool.map(lambda _: client.get(f"{served.base}/console/integrity").status_code, range(48)))
         assert set(statuses) <= {200, 503} and 200 in statuses, statuses
 
 

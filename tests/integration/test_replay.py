@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -51,6 +52,12 @@ def _race(directory: Path, store: str) -> tuple[Counter[str], list[dict[str, obj
         for _ in range(CONTENDERS)
     ]
     try:
+        # The start line: every racer has imported, built its engine and read the decisions (polled, bounded).
+        deadline = time.monotonic() + 120
+        while len(list(directory.glob("ready-*"))) < CONTENDERS:
+            assert all(r.poll() is None for r in racers), "a racer exited before the start"
+            assert time.monotonic() < deadline, "the racers never all reached the start line"
+            time.sleep(0.01)  # polling interval of a bounded wait
         (directory / "go").touch()
         for racer in racers:
             assert racer.wait(timeout=300) == 0

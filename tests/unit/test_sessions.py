@@ -77,5 +77,5 @@ class TestFailureLimit:
         assert (limit.retry_after("a") is not None) == (len(recent) >= 4)
 
     def test_a_bound_below_one_is_refused(self) -> None:
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match="at least 1"):
             FailureLimit(allowed=0)
