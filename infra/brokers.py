@@ -14,7 +14,6 @@ partitions, and the Apache Kafka broker here does not create topics implicitly a
 from __future__ import annotations
 
 import asyncio
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -27,12 +26,10 @@ from aiokafka.protocol.metadata import MetadataRequest
 
 from infra._process import wait_until_answering
 from infra.errors import BrokerConfigError, TopicAdminError
-from preflight_audit.settings import SettingValueError, env_var, given_settings
+from preflight_settings import SettingValueError, bootstrap_address, env_var, given_settings
 
 #: The one environment variable that picks the broker.
 ENV_VAR = env_var("broker")
-
-_ADDRESS = re.compile(r"^[A-Za-z0-9_.\-]+:\d{1,5}$|^\[[0-9A-Fa-f:]+\]:\d{1,5}$")
 
 # Kafka error codes the topic helpers treat as success.
 _UNKNOWN_TOPIC_OR_PARTITION = 3
@@ -61,14 +58,10 @@ class ExternalBroker:
     """A broker somebody else runs: entering checks (bounded) that it answers; nothing is stopped."""
 
     def __init__(self, bootstrap_servers: str, *, timeout_s: float = 30.0) -> None:
-        entries = [entry.strip() for entry in bootstrap_servers.split(",")]
-        bad = [entry for entry in entries if not _ADDRESS.match(entry)]
-        if bad:
-            raise BrokerConfigError(
-                f"{ENV_VAR}={bootstrap_servers!r}: expected 'embedded', 'kafka' or host:port[,host:port...];"
-                f" not an address: {', '.join(repr(entry) for entry in bad)}"
-            )
-        self._bootstrap_servers = ",".join(entries)
+        try:
+            self._bootstrap_servers = bootstrap_address(bootstrap_servers)
+        except ValueError as exc:
+            raise BrokerConfigError(f"{ENV_VAR}={bootstrap_servers!r}: {exc}") from None
         self._timeout = timeout_s
 
     @property
@@ -126,7 +119,7 @@ def broker_for(spec: str, *, log_dir: Path | None = None) -> Broker:
 
 def broker_from_env(environ: Mapping[str, str] | None = None) -> Broker:
     """The broker chosen by ``PREFLIGHT_BROKER`` (see the module doc; read through the one settings model,
-    `preflight_audit.settings`), not yet started: use it in ``with``.
+    `preflight_settings`), not yet started: use it in ``with``.
 
     :param environ: the environment to read (default: the process environment).
     :raises BrokerConfigError: when the value is neither a broker kind nor an address.

@@ -18,7 +18,7 @@ explicit path first, then ``PREFLIGHT_LEDGER_KEY_FILE`` / ``PREFLIGHT_LEDGER_PUB
 path; several public keys separated by the platform's path separator), then ``PREFLIGHT_LEDGER_KEY``
 / ``PREFLIGHT_LEDGER_PUBLIC_KEY`` (the key itself, PEM or hex/base64) -- the settings ``ledger_key_file``,
 ``ledger_public_key_file``, ``ledger_key`` and ``ledger_public_key`` of the deployment's one settings model
-(`preflight_audit.settings`), which reads the variables. `signing_key_from` and `verify_keys_from` take
+(`preflight_settings`), which reads the variables. `signing_key_from` and `verify_keys_from` take
 those values as arguments; the library API takes key objects and reads no environment.
 """
 
@@ -37,7 +37,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from ledger.errors import KeyExistsError, KeyFormatError, KeyMissingError
-from preflight_audit.settings import env_var, given_settings
+from preflight_settings import env_var, given_settings
 
 __all__ = [
     "KEY_ENV",

@@ -19,7 +19,7 @@ them as ``executed_without_valid_decision``). Without a `DecisionTrust` nothing 
 `DecisionTrust` holds the public keys as PEM bytes: it pickles (key objects do not), so it travels to
 the decode workers with each chunk, and each process loads the keys once (`DecisionTrust.verifier`).
 `DecisionTrust.from_env` reads the settings the fold worker reads, through the deployment's one settings
-model (`preflight_audit.settings`), so one ``PREFLIGHT_DECISION_PUBLIC_KEYS`` configures both consumers.
+model (`preflight_settings`), so one ``PREFLIGHT_DECISION_PUBLIC_KEYS`` configures both consumers.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from preflight.signing import (
     decision_validity,
     parse_time,
 )
-from preflight_audit.settings import SettingValueError, env_var, given_settings
+from preflight_settings import SettingValueError, env_var, given_settings
 from projections.decode import Incoming
 from projections.rows import RUNS, PreparedChunk, PreparedRun, RawMessage, StoredRun, detached, prepare_all
 

@@ -2,7 +2,7 @@
 
 Nothing in the worker reads the environment except `WorkerSettings.from_env`, which the module-level
 `streams.app.app` calls because `faust -A streams.app worker` can only name a module attribute; it reads
-the variables through the deployment's one settings model (`preflight_audit.settings`), which declares
+the variables through the deployment's one settings model (`preflight_settings`), which declares
 each of them (`SETTINGS` maps a field here to its setting there).
 """
 
@@ -13,10 +13,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from preflight_audit.settings import SettingValueError, env_var, given_settings
+from preflight_settings import SettingValueError, env_var, given_settings
 from streams.errors import SettingsError
 
-#: Settings field -> the setting of `preflight_audit.settings.Settings` it is read from.
+#: Settings field -> the setting of `preflight_settings.SettingFields` it is read from.
 SETTINGS: dict[str, str] = {
     "broker_url": "broker_url",
     "events_topic": "events_topic",
