@@ -74,10 +74,14 @@ _INT32: Final = 2**31
 
 @dataclass(frozen=True)
 class TableSpec:
-    """A batch table: the target table's name and the columns (name, Arrow type) the plan fills."""
+    """A batch table: the target table's name and the columns (name, Arrow type) the plan fills; `later`
+    names the columns a later step fills (NULL until then). Every other column must be given a value for
+    each row (`_table_of`): a column added here and forgotten where rows are made is an error, never a
+    column that silently stays NULL."""
 
     name: str
     columns: tuple[tuple[str, Any], ...]
+    later: tuple[str, ...] = ()
     names: tuple[str, ...] = field(init=False)
     schema: Any = field(init=False)
 
@@ -113,6 +117,7 @@ ARCHIVE = TableSpec(
         ("offset", _L),
         ("message_index", _I),
     ),
+    later=("event",),  # a detached chunk's event texts are attached by the writer (`_event_column`)
 )
 RUNS = TableSpec(
     "runs",
@@ -169,6 +174,9 @@ RUNS = TableSpec(
         ("decision_signature_problem", _S),
         ("readable_action_key", _S),  # sealed in a protected run (migration 007)
     ),
+    # the outcome by the planner (an outcome event in the batch, or a stored run's update); the signature's
+    # verdict by `projections.signatures.check_decisions`
+    later=("outcome", "outcome_at", "decision_signature_check", "decision_signature_problem"),
 )
 FIELDS = TableSpec(
     "field_provenance",
@@ -428,12 +436,16 @@ def _extend(columns: Columns, more: Mapping[str, list[Any]]) -> None:
 
 def _table_of(spec: TableSpec, columns: Columns, rows: int, **arrays: pa.Array) -> pa.Table:
     """A table of `spec` from its columns' values (a string column: payload values, see `_strings`), or
-    from `arrays`; a column in neither is all NULL."""
+    from `arrays`; a column in neither is all NULL if it is one `spec` fills `later` (or there are no rows).
+
+    :raises LookupError: a column nothing gave values for (a column added to `spec` and forgotten)."""
     out = []
     for name, kind in spec.columns:
         if name in arrays:
             out.append(arrays[name])
         elif name not in columns:
+            if rows and name not in spec.later:
+                raise LookupError(f"nothing fills the column {spec.name}.{name}: give it values where rows are made")
             out.append(pa.nulls(rows, type=kind))
         elif kind == _S:
             out.append(_strings(columns[name]))
