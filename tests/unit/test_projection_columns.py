@@ -70,4 +70,3 @@ def test_a_column_forgotten_where_rows_are_made_fails_the_batch(monkeypatch: pyt
     monkeypatch.setattr(rows, "_field_columns", lambda parts: {k: v for k, v in made(parts).items() if k != "note"})
     with pytest.raises(LookupError, match=r"field_provenance\.note"):
         rows.prepare_all(_messages())
-
