@@ -7,6 +7,7 @@
 -- param run_id VARCHAR optional: only this run
 -- param action_key VARCHAR optional: only runs under this action_key
 -- param key_contains VARCHAR optional: only runs whose action_key contains this text
+-- param also_keys VARCHAR optional: a JSON array of action keys that match key_contains too (the caller opened their readable keys)
 -- param user_id VARCHAR optional: only this user's runs
 -- param agent_id VARCHAR optional: only this agent's runs
 -- param tool VARCHAR optional: only runs of this tool (as the runtime selected it)
@@ -25,7 +26,8 @@ matched AS (
     FROM runs AS r
     WHERE ($run_id IS NULL OR r.run_id = $run_id)
       AND ($action_key IS NULL OR r.action_key = $action_key)
-      AND ($key_contains IS NULL OR contains(r.action_key, $key_contains))
+      AND ($key_contains IS NULL OR contains(r.action_key, $key_contains)
+           OR list_contains(from_json(coalesce($also_keys, '[]'), '["VARCHAR"]'), r.action_key))
       AND ($user_id IS NULL OR r.user_id = $user_id)
       AND ($agent_id IS NULL OR r.agent_id = $agent_id)
       AND ($tool IS NULL OR r.tool = $tool)

@@ -19,6 +19,7 @@ id that is no run -- is a page saying so, never a traceback.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import shutil
 import tempfile
 import threading
@@ -342,6 +343,7 @@ def search(
     number = _page_number(page)
     params = {
         "key_contains": action_key or None,
+        "also_keys": _readable_matches(con, who, action_key, user),
         "user_id": user or None,
         "agent_id": agent or None,
         "tool": tool or None,
@@ -369,6 +371,23 @@ def search(
         decisions=DECISIONS,
         query=_without_page(request),
     )
+
+
+def _readable_matches(con: duckdb.DuckDBPyConnection, who: Viewer, text: str | None, user: str | None) -> str | None:
+    """The published keys whose readable key (the adopter's words, sealed per user) contains `text`, as a
+    JSON array -- for a viewer who reads values; an analyst searches the published keys only."""
+    if not text or not who.reads_values:
+        return None
+    actions = who.rows("runs_search", _run(con, "readable_actions", user_id=user or None))
+    wanted = text.casefold()
+    found = [
+        str(a["action_key"])
+        for a in actions
+        if isinstance(a.get("readable_action_key"), str)
+        and a["readable_action_key"] not in ("erased", "unreadable")
+        and wanted in a["readable_action_key"].casefold()
+    ]
+    return json.dumps(found) if found else None
 
 
 def _without_page(request: Request) -> str:
@@ -594,7 +613,6 @@ def integrity(request: Request, who: Compliance, con: Cursor, _: Annotated[None,
 def _chain_state(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
     """Per stream of the archive: how many signed digests cover it, and what the newest one covers (the
     ledger's own SQL; a database never digested has no ledger table yet)."""
-    import json
 
     from ledger import store
 

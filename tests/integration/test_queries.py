@@ -184,6 +184,7 @@ class TestNamesAndParameters:
             "proposal_divergence",
             "provenance",
             "reask_loops",
+            "readable_actions",
             "responsibility",
             "runs_search",
         ]
