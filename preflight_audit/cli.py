@@ -276,13 +276,28 @@ def _parse_params(query: queries.NamedQuery, given: Sequence[str]) -> dict[str, 
     missing = [p.name for p in query.params if not p.optional and p.name not in values]
     if missing:
         raise UsageError(f"query {query.name!r} needs --param {missing[0]}=...")
+    for name, start in values.items():  # a range given backwards answers nothing: say so
+        end = values.get("to_" + name.removeprefix("from_")) if name.startswith("from_") else None
+        if end is not None and start is not None and _moment(start) > _moment(end):
+            raise UsageError(f"query {query.name!r}: {name}={start} is after to_{name.removeprefix('from_')}={end}")
     return values
+
+
+def _moment(value: Any) -> dt.datetime:
+    """A DATE or TIMESTAMPTZ parameter as an aware datetime, to compare the two ends of a range."""
+    if isinstance(value, dt.datetime):
+        return value if value.tzinfo is not None else value.replace(tzinfo=dt.UTC)
+    return dt.datetime.combine(value, dt.time(), dt.UTC)
 
 
 def _typed(query: str, param: queries.Param, raw: str) -> Any:
     try:
         if param.sql_type in ("INTEGER", "BIGINT"):
-            return int(raw)
+            number = int(raw)
+            least = _LEAST.get(param.name)
+            if least is not None and number < least:
+                raise UsageError(f"query {query!r}: {param.name}={raw} must be at least {least}")
+            return number
         if param.sql_type == "BOOLEAN":
             lowered = raw.strip().lower()
             if lowered not in ("true", "false", "1", "0", "yes", "no"):
@@ -293,8 +308,13 @@ def _typed(query: str, param: queries.Param, raw: str) -> Any:
         if param.sql_type == "TIMESTAMPTZ":
             return dt.datetime.fromisoformat(raw.strip())
     except ValueError:
-        raise UsageError(f"query {query!r}: {param.name}={raw!r} is not a {param.sql_type}") from None
+        article = "an" if param.sql_type[0] in "AEIOU" else "a"
+        raise UsageError(f"query {query!r}: {param.name}={raw!r} is not {article} {param.sql_type}") from None
     return raw
+
+
+#: The least value of the paging parameters (the database would refuse a negative one with its own words).
+_LEAST: dict[str, int] = {"page_size": 1, "page_offset": 0}
 
 
 def _open_read_only(path: Path) -> Any:
@@ -454,6 +474,11 @@ def query(
     if missing is not None:
         raise UsageError(f"{missing} (-p name=value): without one it would answer every run")
     settings = _settings(ctx, database=db, key_dir=key_dir)
+    if role is Role.compliance and key_dir is not None and not key_dir.is_dir():
+        raise UsageError(
+            f"--as compliance opens values with the key store, and {key_dir} is not a directory"
+            " (--key-dir, or PREFLIGHT_KEY_DIR; the demo's is demo-out/keys/values)"
+        )
     con = _open_read_only(settings.database)
     try:
         params = _whole_ids(con, params)
@@ -462,12 +487,10 @@ def query(
         con.close()
     rows = _viewed(name, result, role, settings.key_dir)
     unopened = sum(1 for row in rows if row.get("value_protection") == "unreadable")
-    if unopened:
-        _err().print(
-            f"warning: {unopened} value(s) did not open with the key store {settings.key_dir}"
-            " (--key-dir, or PREFLIGHT_KEY_DIR; the demo's is demo-out/keys/values)",
-            soft_wrap=True,
-            highlight=False,
+    if unopened:  # the wrong key store: say so, and print nothing that reads "unreadable" as if it were an answer
+        raise ConfigurationError(
+            f"{unopened} value(s) did not open with the key store {settings.key_dir}: it is not the one they were"
+            " sealed with (--key-dir, or PREFLIGHT_KEY_DIR; the demo's is demo-out/keys/values)"
         )
     shown = list(result.columns) + [c for c in (rows[0] if rows else {}) if c not in result.columns]
     if output is OutputFormat.json:

@@ -299,3 +299,27 @@ def gap_chart(rows: Sequence[Mapping[str, Any]], by: str, title: str) -> Chart:
 def _share(group: Mapping[str, Any], column: str) -> float:
     runs = int(group["runs"])
     return int(group[column]) / runs if runs else 0.0
+
+
+#: The parties of SPEC §2.2, in the order a page names them, and what each is accountable for.
+PARTIES: dict[str, str] = {
+    "user": "the user",
+    "pre_set": "pre-set data (whoever set it)",
+    "runtime": "the calling runtime",
+    "provider": "the tool's provider",
+    "system": "the system (preflight's gates)",
+}
+
+
+def accountable(slots: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Who is accountable for a run's decision, party by party, from its `responsibility` rows: the slots
+    each party answered (only the user creates values; pre-set data stands for whoever set it) and the
+    slots it blocked (the system rejects, the provider requires, the runtime passes the input). A party
+    with neither is left out."""
+    out = []
+    for party, name in PARTIES.items():
+        answered = [str(s["slot"]) for s in slots if s.get("answered_by") == party and s.get("checklist") != "run"]
+        blocked = [str(s["slot"]) for s in slots if s.get("blocked_by") == party]
+        if answered or blocked:
+            out.append({"party": party, "name": name, "answered": answered, "blocked": blocked})
+    return out

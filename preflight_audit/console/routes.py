@@ -504,6 +504,7 @@ def run_page(
         run=run,
         fields=fields,
         slots=slots,
+        accountable=pages.accountable(slots),
         steps=pages.run_steps(run, fields),
         gate=pages.gate_in_words(run),
     )

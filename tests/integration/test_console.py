@@ -500,3 +500,55 @@ class TestACrowdedAction:
         beyond = page.goto(f"{crowded}/console/action?key={LANDLORD_KEY}&page={CROWD // 20 + 1}")
         assert beyond is not None and beyond.status == 404
         expect(page.get_by_role("heading", name="No such page")).to_be_visible()
+
+
+class TestANewcomer:
+    """What a reviewer new to the console tripped on: the readable name finds the action; a run says who is
+    accountable; the date fields read alike."""
+
+    def test_compliance_finds_an_action_by_its_readable_name(self, browser: Browser, served: Served) -> None:
+        page = open_page(browser, 1280)
+        sign_in(page, served, served.compliance)
+        expect(page.locator("#action-key-help")).to_contain_text("readable name")
+        page.get_by_label("Action (or part of it)").fill("u_08:bank.transfer")  # the adopter's words, sealed
+        page.get_by_role("button", name="Search").click()
+        expect(page.locator("table.runs tbody tr").first).to_be_visible()
+        users = page.locator("table.runs tbody tr td:nth-child(3)").all_text_contents()
+        assert users and set(users) == {"u_08"}, users
+        shot(page, "search-readable", 1280)
+
+    def test_an_analyst_searches_published_keys_only(self, browser: Browser, served: Served) -> None:
+        page = open_page(browser, 1280)
+        sign_in(page, served, served.analyst, then="/console/?action_key=u_08%3Abank.transfer")
+        expect(page.get_by_role("heading", name="0 runs")).to_be_visible()
+        expect(page.locator("#action-key-help")).to_contain_text("readable names are for compliance")
+
+    def test_a_run_says_who_is_accountable(self, browser: Browser, served: Served) -> None:
+        page = open_page(browser, 1280)
+        sign_in(page, served, served.compliance, then="/console/?user=u_08&tool=bank.transfer&decision=executed")
+        page.locator("table.runs a[href^='/console/run/']").first.click()
+        expect(page.get_by_role("heading", name="Who is accountable")).to_be_visible()
+        slots = page.locator(".slots tbody tr")
+        table: dict[str, set[str]] = {}
+        for i in range(slots.count()):
+            row = slots.nth(i)
+            slot = str(row.get_attribute("data-slot"))
+            by = row.locator('td[data-label="Answered by"]').inner_text().split(" ")[0]
+            if by != "—" and slot != "decision":
+                table.setdefault(by, set()).add(slot)
+        listed = page.locator("ul.accountable li")
+        shown = {
+            str(listed.nth(i).get_attribute("data-party")): listed.nth(i).inner_text() for i in range(listed.count())
+        }
+        assert "user" in shown and table.get("user"), (shown, table)  # an executed run: the user supplied values
+        for party, answered in table.items():
+            assert all(slot in shown[party] for slot in answered), (party, shown[party], answered)
+        shot(page, "accountable", 1280)
+
+    def test_the_two_date_fields_read_alike(self, browser: Browser, served: Served) -> None:
+        page = open_page(browser, 390)
+        sign_in(page, served, served.analyst)
+        since, until = page.get_by_label("From (UTC)"), page.get_by_label("To (UTC)")
+        assert since.get_attribute("placeholder") == until.get_attribute("placeholder") == "YYYY-MM-DD"
+        for field in (since, until):  # the placeholder is not cut off
+            assert field.evaluate("e => e.scrollWidth <= e.clientWidth"), field.get_attribute("id")

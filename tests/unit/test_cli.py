@@ -253,6 +253,23 @@ class TestQuery:
             invoke("query", "gap_rates", "-p", "from_day=yesterday", "--db", str(db)), 2, "is not a DATE"
         )
 
+    def test_a_reversed_range_is_a_usage_error(self, db: Path) -> None:
+        """Backwards it would answer 0 rows and exit 0, as if nothing happened (the console refuses it too)."""
+        args = ("query", "gap_rates", "-p", "from_day=2025-02-02", "-p", "to_day=2025-02-01", "--db", str(db))
+        assert_one_line_error(invoke(*args), 2, "from_day=2025-02-02 is after to_day=2025-02-01")
+        times = ("-p", "from_time=2025-02-02T10:00", "-p", "to_time=2025-02-02T09:00+00:00", "--db", str(db))
+        assert_one_line_error(invoke("query", "runs_search", *times), 2, "is after to_time")
+
+    @pytest.mark.parametrize(("given", "says"), [("page_size=-5", "at least 1"), ("page_offset=-1", "at least 0")])
+    def test_a_negative_page_is_a_usage_error(self, db: Path, given: str, says: str) -> None:
+        result = invoke("query", "runs_search", "-p", "user_id=u_01", "-p", given, "--db", str(db))
+        assert_one_line_error(result, 2, says)
+        assert "Binder" not in result.stderr
+
+    def test_the_type_is_named_with_its_article(self, db: Path) -> None:
+        result = invoke("query", "runs_search", "-p", "user_id=u_01", "-p", "page_size=ten", "--db", str(db))
+        assert_one_line_error(result, 2, "'ten' is not an INTEGER")
+
     def test_an_unknown_column_is_a_usage_error(self, db: Path) -> None:
         assert_one_line_error(invoke("query", "integrity", "-c", "nope", "--db", str(db)), 2, "has no column 'nope'")
 
@@ -325,21 +342,19 @@ class TestQueryViews:
         values = {r["value"] for r in json.loads(erased.stdout) if r["status"] == "known"}
         assert values == {"erased"} and "2200119" not in erased.stdout
 
-    def test_values_that_do_not_open_are_named(self, sealed: tuple[Path, Path, str], tmp_path: Path) -> None:
+    def test_values_that_do_not_open_are_an_error(self, sealed: tuple[Path, Path, str], tmp_path: Path) -> None:
+        """A wrong key store fails (exit 2: configuration) and prints no table of "unreadable" cells as if it were an answer."""
         db, _, run = sealed
-        result = invoke(
-            "query",
-            "provenance",
-            "-p",
-            f"run_id={run}",
-            "--as",
-            "compliance",
-            "--key-dir",
-            str(tmp_path / "none"),
-            "--db",
-            str(db),
-        )
-        assert result.exit_code == 0 and "did not open with the key store" in result.stderr
+        (tmp_path / "empty").mkdir()
+        args = ("query", "provenance", "-p", f"run_id={run}", "--as", "compliance", "--db", str(db), "--key-dir")
+        result = invoke(*args, str(tmp_path / "empty"))
+        assert_one_line_error(result, 2, "did not open with the key store")  # a configuration error
+        assert "unreadable" not in result.stdout
+
+    def test_a_missing_key_store_is_a_usage_error(self, sealed: tuple[Path, Path, str], tmp_path: Path) -> None:
+        db, _, run = sealed
+        args = ("query", "provenance", "-p", f"run_id={run}", "--as", "compliance", "--db", str(db), "--key-dir")
+        assert_one_line_error(invoke(*args, str(tmp_path / "none")), 2, "is not a directory")
 
 
 class TestQueryInput:
