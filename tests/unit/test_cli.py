@@ -343,7 +343,7 @@ class TestQueryViews:
         assert values == {"erased"} and "2200119" not in erased.stdout
 
     def test_values_that_do_not_open_are_an_error(self, sealed: tuple[Path, Path, str], tmp_path: Path) -> None:
-        """A wrong key store fails (exit 2: configuration) and prints no table of "unreadable" cells as if it were an answer."""
+        """A wrong key store fails (exit 2) and prints no table of "unreadable" cells as if it were an answer."""
         db, _, run = sealed
         (tmp_path / "empty").mkdir()
         args = ("query", "provenance", "-p", f"run_id={run}", "--as", "compliance", "--db", str(db), "--key-dir")
