@@ -809,8 +809,10 @@ def broker(
 def status(
     ctx: typer.Context,
     as_json: Annotated[bool, typer.Option("--json", help="print the status as JSON")] = False,
+    db: Annotated[Path | None, typer.Option("--db", help="the projection database (default: settings)")] = None,
 ) -> None:
     """A running deployment as its operator sees it: each consumer's lag, the last verify, the dead letters.
+    The last verify counts only if it read this deployment's database (`--db`, default: the settings').
 
     Reads the fold worker's and the projector's /readyz and /metrics and the broker's committed offsets
     (what external lag monitors see). Exit 0 when every consumer is up, ready and caught up and the last
@@ -818,7 +820,7 @@ def status(
     """
     from preflight_audit.status import gather, render
 
-    report_ = asyncio.run(gather(_settings(ctx)))
+    report_ = asyncio.run(gather(_settings(ctx, database=db)))
     if as_json:
         typer.echo(json.dumps(report_.to_json(), indent=1))
     else:

@@ -105,6 +105,10 @@ class DeploymentStatus:
     consumers: list[ConsumerStatus]
     verify: dict[str, Any] | None
     problems: list[str] = field(default_factory=list)
+    #: The database this status is of; the last verify counts only when it read this one.
+    database: str | None = None
+    #: The database the last verify read when it was another one (then `verify` is None).
+    verify_elsewhere: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -125,7 +129,9 @@ class DeploymentStatus:
                 }
                 for c in self.consumers
             ],
+            "database": self.database,
             "verify": self.verify,
+            "verify_elsewhere": self.verify_elsewhere,
             "problems": self.problems,
         }
 
@@ -230,6 +236,10 @@ async def _committed(bootstrap: str, group: str, topic: str, partitions: list[in
         await consumer.stop()
 
 
+def _same_file(recorded: str, database: Path) -> bool:
+    return bool(recorded) and Path(recorded).resolve() == database.resolve()
+
+
 async def gather(settings: Settings) -> DeploymentStatus:
     """Read the deployment's status (see the module doc); never raises for a piece that is down."""
     from projections import log_end_offsets
@@ -243,8 +253,17 @@ async def gather(settings: Settings) -> DeploymentStatus:
         f"http://{settings.projector_host}:{settings.projector_port}" if settings.projector_port else None
     )
     projector = ConsumerStatus("projector", settings.projection, projector_url)
+    verify = _read_json(settings.data_dir / VERIFY_FILE)
+    elsewhere = None
+    if verify is not None and not _same_file(str(verify.get("database", "")), settings.database):
+        elsewhere, verify = str(verify.get("database")), None  # a verify of another database says nothing here
     status = DeploymentStatus(
-        broker, settings.events_topic, [worker, projector], _read_json(settings.data_dir / VERIFY_FILE)
+        broker,
+        settings.events_topic,
+        [worker, projector],
+        verify,
+        database=str(settings.database),
+        verify_elsewhere=elsewhere,
     )
     await asyncio.to_thread(_scrape, worker, "preflight_worker")
     if projector.url is not None:
@@ -314,7 +333,13 @@ def render(status: DeploymentStatus, console: Any) -> None:
         detail = ", ".join(f"{code} {n}" for code, n in sorted(consumer.dead_letters.items()))
         console.print(f"dead letters ({consumer.name}): {letters}" + (f" ({escape(detail)})" if detail else ""))
     verify = status.verify
-    if verify is None:
+    if verify is None and status.verify_elsewhere is not None:
+        console.print(
+            f"last verify: none recorded for {escape(str(status.database))} (the last one read"
+            f" {escape(status.verify_elsewhere)}; run `preflight-audit verify --db {escape(str(status.database))}`)",
+            soft_wrap=True,
+        )
+    elif verify is None:
         console.print("last verify: none recorded (run `preflight-audit verify`)")
     else:
         verdict = "[green]ok[/]" if verify.get("ok") else "[red]FAILED[/]"

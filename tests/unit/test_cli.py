@@ -696,3 +696,24 @@ def test_the_console_script_is_declared() -> None:
     """pyproject's console script points at the Typer app's entry point."""
     pyproject = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
     assert 'preflight-audit = "preflight_audit.cli:main"' in pyproject
+
+
+class TestStatus:
+    """`status --db`: the last verify counts only for the database it read (never another's verdict)."""
+
+    def test_a_verify_of_another_database_is_not_this_ones(self, tmp_path: Path) -> None:
+        from preflight_audit.settings import load_settings
+        from preflight_audit.status import save_verify
+
+        env = {"PREFLIGHT_DATA_DIR": str(tmp_path), "PREFLIGHT_PROJECTOR_PORT": "0", "PREFLIGHT_WEB_PORT": "9"}
+        other, ours = tmp_path / "other.duckdb", tmp_path / "ours.duckdb"
+        with_dir = load_settings(None, data_dir=tmp_path)
+        save_verify(with_dir, ok=False, summary="1 finding", database=other)
+        mine = json.loads(invoke("status", "--json", "--db", str(ours), env=env).stdout)
+        assert mine["verify"] is None and mine["verify_elsewhere"] == str(other)
+        assert not any("verify" in problem for problem in mine["problems"])
+        theirs = json.loads(invoke("status", "--json", "--db", str(other), env=env).stdout)
+        assert theirs["verify"]["summary"] == "1 finding"
+        assert any("the last verify failed" in problem for problem in theirs["problems"])
+        shown = invoke("status", "--db", str(ours), env=env)
+        assert shown.exit_code == 1 and f"none recorded for {ours}" in " ".join(shown.stdout.split())
