@@ -498,7 +498,7 @@ def query(
     elif output is OutputFormat.csv:
         typer.echo(report.write_csv(shown, ([_plain(row.get(c)) for c in shown] for row in rows)), nl=False)
     else:
-        _out().print(_query_table(name, rows, shown, columns))
+        _print_table(_out(), _query_table(name, rows, shown, columns))
 
 
 def _viewed(name: str, result: queries.Result, role: Role, key_dir: Path) -> list[dict[str, Any]]:
@@ -518,6 +518,28 @@ def _plain(cell: Any) -> Any:
     if isinstance(cell, dict) and cell.get("redacted"):
         return f"token {cell['token']}" if cell.get("token") else "withheld"
     return cell
+
+
+def _print_table(console: Console, table: Table) -> None:
+    """`table` as it is when it fits the terminal; else one block per row, a column a line (as ``psql -x``):
+    folding every column into a narrow strip would break each word every few characters."""
+    from rich.measure import Measurement
+
+    natural = Measurement.get(console, console.options.update_width(100_000), table).maximum
+    if natural <= console.width or not table.row_count:
+        console.print(table)
+        return
+    names = [str(column.header) for column in table.columns]
+    cells = [list(column.cells) for column in table.columns]
+    if table.title:
+        console.print(Text(str(table.title), style="bold"), soft_wrap=True)
+    for index in range(table.row_count):
+        record = Table(title=f"row {index + 1} of {table.row_count}", title_justify="left", show_header=False)
+        record.add_column(style="bold", no_wrap=True)
+        record.add_column(overflow="fold")
+        for name, column in zip(names, cells, strict=True):
+            record.add_row(name, column[index])
+        console.print(record)
 
 
 def _query_table(name: str, rows: list[dict[str, Any]], all_columns: list[str], columns: str | None) -> Table:

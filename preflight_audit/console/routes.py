@@ -764,7 +764,7 @@ def install(app: FastAPI, *, ledger_keys: Sequence[Any] = ()) -> None:
 
     @app.exception_handler(ConsolePageError)
     async def page_error(request: Request, exc: ConsolePageError) -> Response:
-        return _page(request, "error.html", exc.status, title=exc.title, message=exc.message)
+        return _page(request, "error.html", exc.status, who=_signed_in(request), title=exc.title, message=exc.message)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
@@ -773,6 +773,7 @@ def install(app: FastAPI, *, ledger_keys: Sequence[Any] = ()) -> None:
                 request,
                 "error.html",
                 exc.status_code,
+                who=_signed_in(request),
                 title=_TITLES.get(exc.status_code, "Error"),
                 message=str(exc.detail),
             )
@@ -784,8 +785,19 @@ def install(app: FastAPI, *, ledger_keys: Sequence[Any] = ()) -> None:
             problems = "; ".join(
                 f"{'.'.join(str(p) for p in e['loc'][1:]) or 'input'}: {e['msg']}" for e in exc.errors()
             )
-            return _page(request, "error.html", 422, title="That cannot be asked", message=problems)
+            return _page(
+                request, "error.html", 422, who=_signed_in(request), title="That cannot be asked", message=problems
+            )
         return await request_validation_exception_handler(request, exc)
+
+
+def _signed_in(request: Request) -> Viewer | None:
+    """Who an error page is for, by the session cookie alone (so the page keeps its navigation); None when
+    nobody is signed in. A bearer token is not looked at again: its failures are counted once."""
+    session_id = request.cookies.get(COOKIE)
+    sessions: Sessions = request.app.state.sessions
+    role = sessions.role_of(session_id) if session_id else None
+    return Viewer(role, request.app.state.protector) if role is not None else None
 
 
 _TITLES = {404: "Not found", 405: "Not allowed", 503: "The database is not ready", 422: "That cannot be asked"}

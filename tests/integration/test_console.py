@@ -552,3 +552,29 @@ class TestANewcomer:
         assert since.get_attribute("placeholder") == until.get_attribute("placeholder") == "YYYY-MM-DD"
         for field in (since, until):  # the placeholder is not cut off
             assert field.evaluate("e => e.scrollWidth <= e.clientWidth"), field.get_attribute("id")
+
+    @pytest.mark.parametrize(
+        ("path", "status"), [("/console/run/not-a-run", 404), ("/console/action?key=" + "k" * 300, 422)]
+    )
+    def test_an_error_page_keeps_the_navigation(self, browser: Browser, served: Served, path: str, status: int) -> None:
+        page = open_page(browser, 1280)
+        sign_in(page, served, served.compliance)
+        response = page.goto(served.base + path)
+        assert response is not None and response.status == status
+        expect(page.get_by_role("navigation", name="Console").get_by_role("link", name="Search")).to_be_visible()
+        expect(page.get_by_text("signed in as compliance")).to_be_visible()
+
+    def test_an_account_number_reads_whole(self, browser: Browser, served: Served) -> None:
+        page = open_page(browser, 390)
+        sign_in(page, served, served.compliance, then="/console/?user=u_08&tool=bank.transfer&decision=executed")
+        page.locator("table.runs a[href^='/console/action']").first.click()
+        value = page.locator('tr[data-field="to_account"] .v-value').first
+        expect(value).to_have_text(U08_RECIPIENT)
+        assert value.evaluate("e => e.getClientRects().length") == 1  # one line box: never broken mid-value
+        shot(page, "account-whole", 390)
+
+    def test_erased_reads_one_way(self, browser: Browser, served: Served, landlord: str) -> None:
+        page = open_page(browser, 1280)
+        sign_in(page, served, served.compliance, then=f"/console/action?key={landlord}")
+        rendered = page.locator(".v-erased").all_inner_texts()  # as shown, after the stylesheet
+        assert rendered and set(rendered) == {"erased"}, set(rendered)

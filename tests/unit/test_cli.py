@@ -717,3 +717,23 @@ class TestStatus:
         assert any("the last verify failed" in problem for problem in theirs["problems"])
         shown = invoke("status", "--db", str(ours), env=env)
         assert shown.exit_code == 1 and f"none recorded for {ours}" in " ".join(shown.stdout.split())
+
+
+class TestNarrowTerminals:
+    """`query` at 80 columns: a table that does not fit is one block per row, its words never broken."""
+
+    def test_at_80_columns_every_value_reads_whole(
+        self, db: Path, seeds: tuple[Path, dict[str, scenarios.SessionResult]]
+    ) -> None:
+        run = seeds[1][INHERITED].final
+        result = invoke("query", "provenance", "-p", f"run_id={run.run_id}", "--db", str(db), env={"COLUMNS": "80"})
+        assert result.exit_code == 0, result.stderr
+        lines = result.stdout.splitlines()
+        assert lines and max(len(line) for line in lines) <= 80
+        for word in ("from_account", "to_account", "user_answer", "prior_state", "instruction"):
+            assert word in result.stdout, word  # whole, not folded mid-word
+        assert "row 1 of 3" in result.stdout
+
+    def test_a_table_that_fits_stays_a_table(self, db: Path) -> None:
+        result = invoke("query", "integrity", "--db", str(db), env={"COLUMNS": "250"})
+        assert result.exit_code == 0 and "row 1 of" not in result.stdout
