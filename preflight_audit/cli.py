@@ -57,11 +57,21 @@ R = TypeVar("R")
 _PIPE_WIDTH = 1000
 
 
+class _Stdout(Console):
+    """stdout: a reader that goes away (``... | head -1``) read what it wanted -- exit 0, write nothing more
+    (rich's own answer is exit 1)."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise SystemExit(0)
+
+
 def _out() -> Console:
     """stdout, sized to the terminal (or ``COLUMNS``) at the time of the call; piped, `_PIPE_WIDTH` wide."""
-    console = Console()
+    console = _Stdout()
     if not console.is_terminal and "COLUMNS" not in os.environ:
-        console = Console(width=_PIPE_WIDTH)
+        console = _Stdout(width=_PIPE_WIDTH)
     return console
 
 
@@ -168,6 +178,10 @@ def _reported(fn: Callable[P, R]) -> Callable[P, R]:
         except (KeyboardInterrupt, asyncio.CancelledError):
             err = Interrupted("interrupted: everything that was started is stopped")
             raise _fail(str(err), err.exit_code) from None
+        except BrokenPipeError:
+            # The reader went away (`... | head -1`): what it read is what it wanted. Nothing more is written.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            raise typer.Exit(0) from None
         except Exception as exc:
             if debug:
                 traceback.print_exc()  # then the one line, as always
@@ -320,11 +334,7 @@ _LEAST: dict[str, int] = {"page_size": 1, "page_offset": 0}
 def _open_read_only(path: Path) -> Any:
     from projections import open_database
 
-    if not path.is_file():
-        raise DatabaseNotFoundError(
-            f"no projection database at {path}: run `preflight-audit serve` or `preflight-audit demo`, or pass --db"
-        )
-    return open_database(path, read_only=True)
+    return open_database(_existing(path), read_only=True)
 
 
 def _list_queries() -> None:
@@ -782,6 +792,8 @@ def _only_unknown_keys(report_: Any) -> list[str]:
 
 
 def _existing(path: Path) -> Path:
+    if path.is_dir():
+        raise DatabaseNotFoundError(f"{path} is a directory: --db takes the projection database's file")
     if not path.is_file():
         raise DatabaseNotFoundError(
             f"no projection database at {path}: run `preflight-audit serve` or `preflight-audit demo`, or pass --db"

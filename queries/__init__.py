@@ -118,7 +118,8 @@ class NamedQuery:
         """The parameter mapping to execute with: every declared name, checked; optional ones default to None."""
         unknown = sorted(set(values) - set(self.param_names))
         if unknown:
-            raise QueryParameterError(f"query {self.name!r} takes {list(self.param_names)}, not {unknown}")
+            takes = ", ".join(self.param_names) or "no parameters"
+            raise QueryParameterError(f"query {self.name!r} takes {takes}; not {', '.join(sorted(unknown))}")
         bound: dict[str, Any] = {}
         for param in self.params:
             value = values.get(param.name)

@@ -737,3 +737,36 @@ class TestNarrowTerminals:
     def test_a_table_that_fits_stays_a_table(self, db: Path) -> None:
         result = invoke("query", "integrity", "--db", str(db), env={"COLUMNS": "250"})
         assert result.exit_code == 0 and "row 1 of" not in result.stdout
+
+
+class TestSmallWording:
+    def test_settings_into_a_pipe_its_reader_closed_exits_0(self) -> None:
+        """``settings | head -1``: the reader went away; that is not a failure."""
+        import os
+        import subprocess
+        import sys
+
+        read, write = os.pipe()
+        os.close(read)  # the reader is gone before a byte is written: the write is a broken pipe, every time
+        try:
+            done = subprocess.run(
+                [str(Path(sys.executable).with_name("preflight-audit")), "settings"],
+                stdout=write,
+                stderr=subprocess.PIPE,
+                text=True,
+                timeout=120,
+                check=False,
+            )
+        finally:
+            os.close(write)
+        assert done.returncode == 0, done.stderr
+        assert "Traceback" not in done.stderr
+
+    def test_a_directory_as_db_is_named_a_directory(self, tmp_path: Path) -> None:
+        assert_one_line_error(invoke("query", "integrity", "--db", str(tmp_path)), 1, "is a directory")
+
+    def test_a_query_names_its_parameters_as_words(self) -> None:
+        import queries
+
+        with pytest.raises(queries.QueryParameterError, match=r"takes action_key, run_id; not agent$"):
+            queries.load("provenance").bind({"agent": "x"})
