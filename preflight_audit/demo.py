@@ -148,7 +148,10 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> Demo
         stale.unlink(missing_ok=True)  # the demo's own output of an earlier run
     shutil.rmtree(out / "keys", ignore_errors=True)  # and its keys: they only open that run's database
     kind = "the embedded broker (Tansu, memory only)" if settings.embedded else f"the broker {settings.broker}"
-    console.rule("[bold]preflight-audit demo")
+    if console.is_terminal:
+        console.rule("[bold]preflight-audit demo")
+    else:  # piped, the console is as wide as its widest table: a rule would run ~1,000 characters
+        console.print("[bold]== preflight-audit demo ==[/]")
     console.print(f"starting {kind}")
     with settings.open_broker(log_dir=logs) as broker:
         result.broker = broker.bootstrap_servers

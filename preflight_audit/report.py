@@ -270,6 +270,16 @@ def write_gap_chart(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
     return path
 
 
+#: The colours of the gap classes (colour-blind-safe, after Okabe and Ito): the PNG chart's and the console's.
+CLASS_COLOURS: dict[str, str] = {
+    "instruction_gaps": "#0072b2",
+    "action_definition_gaps": "#d55e00",
+    "configuration_defects": "#cc79a7",
+    "unmet_conditions": "#e69f00",
+    "internal_errors": "#000000",
+}
+
+
 def gap_figure(rows: Sequence[Mapping[str, Any]]) -> Any:
     """The gap-rate chart as a matplotlib figure (Agg), titled with the date range and the run count: per
     tool (labelled with its run count), each class's share of the runs in percent; per day, every class's
@@ -292,7 +302,7 @@ def gap_figure(rows: Sequence[Mapping[str, Any]]) -> Any:
         lefts = [0.0] * len(per_tool)
         for column, label in GAP_CLASSES:
             shares = [g[column.removesuffix("s") + "_rate"] for g in per_tool]
-            left.barh(tools, shares, left=lefts, label=label)
+            left.barh(tools, shares, left=lefts, label=label, color=CLASS_COLOURS[column])
             lefts = [a + b for a, b in zip(lefts, shares, strict=True)]
         executes = [g["executes"] / g["runs"] if g["runs"] else 0.0 for g in per_tool]
         left.barh(tools, executes, left=lefts, label="approved (execute)", color="#bdbdbd")
@@ -307,7 +317,8 @@ def gap_figure(rows: Sequence[Mapping[str, Any]]) -> Any:
         left.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=4, fontsize="small", frameon=False)
 
         for column, label in GAP_CLASSES:
-            right.plot(days, [g[column.removesuffix("s") + "_rate"] for g in per_day], marker="o", label=label)
+            rates = [g[column.removesuffix("s") + "_rate"] for g in per_day]
+            right.plot(days, rates, marker="o", label=label, color=CLASS_COLOURS[column])
         right.set_ylim(0, 1)
         right.yaxis.set_major_formatter(PercentFormatter(1.0))
         right.set_ylabel("share of the day's runs")

@@ -44,14 +44,8 @@ GATE_WORDS: dict[str, str] = {
     "backstop": "an internal error stopped the run",
 }
 
-#: The colours of the gap classes in the charts (colour-blind-safe, after Okabe and Ito).
-CLASS_COLOURS: dict[str, str] = {
-    "instruction_gaps": "#0072b2",
-    "action_definition_gaps": "#d55e00",
-    "configuration_defects": "#cc79a7",
-    "unmet_conditions": "#e69f00",
-    "internal_errors": "#000000",
-}
+#: The colours of the gap classes: the PNG chart's (`report.CLASS_COLOURS`, one definition).
+CLASS_COLOURS: dict[str, str] = report.CLASS_COLOURS
 
 
 class TimeRangeError(ValueError):
@@ -236,6 +230,16 @@ class Chart:
     height: int
     label_width: int
     horizontal: bool
+    #: The plot's extent along the value axis, and where 0 % sits on it (the ticks at 0, 50 and 100 %).
+    plot: float = 0.0
+    base: float = 0.0
+
+    @property
+    def ticks(self) -> list[tuple[int, float]]:
+        """Each value-axis tick (percent) and its position: x on a horizontal chart, y on a vertical one."""
+        if self.horizontal:
+            return [(pct, self.label_width + pct / 100 * self.plot) for pct in (0, 25, 50, 75, 100)]
+        return [(pct, self.base - pct / 100 * self.plot) for pct in (0, 25, 50, 75, 100)]
 
 
 def gap_rollup(rows: Iterable[Mapping[str, Any]], by: str) -> list[dict[str, Any]]:
@@ -249,7 +253,7 @@ def gap_chart(rows: Sequence[Mapping[str, Any]], by: str, title: str) -> Chart:
     groups = gap_rollup(rows, by)
     bars: list[Bar] = []
     if by == "day":
-        plot_h, col_w, left = 160.0, 44.0, 40
+        plot_h, col_w, left = 260.0, 64.0, 44
         width, height = int(left + col_w * max(1, len(groups)) + 10), int(plot_h + 40)
         for i, group in enumerate(groups):
             bottom = plot_h + 10
@@ -271,9 +275,9 @@ def gap_chart(rows: Sequence[Mapping[str, Any]], by: str, title: str) -> Chart:
                         CLASS_COLOURS[column],
                     )
                 )
-        return Chart(title, by, groups, bars, width, height, left, horizontal=False)
-    label_w, plot_w, row_h = 190, 420.0, 26
-    width, height = int(label_w + plot_w + 10), int(row_h * max(1, len(groups)) + 10)
+        return Chart(title, by, groups, bars, width, height, left, horizontal=False, plot=plot_h, base=plot_h + 10)
+    label_w, plot_w, row_h = 190, 900.0, 26
+    width, height = int(label_w + plot_w + 20), int(row_h * max(1, len(groups)) + 30)
     for i, group in enumerate(groups):
         x = float(label_w)
         for column, label in report.GAP_CLASSES:
@@ -293,7 +297,7 @@ def gap_chart(rows: Sequence[Mapping[str, Any]], by: str, title: str) -> Chart:
                 )
             )
             x += share * plot_w
-    return Chart(title, by, groups, bars, width, height, label_w, horizontal=True)
+    return Chart(title, by, groups, bars, width, height, label_w, horizontal=True, plot=plot_w)
 
 
 def _share(group: Mapping[str, Any], column: str) -> float:

@@ -578,3 +578,23 @@ class TestANewcomer:
         sign_in(page, served, served.compliance, then=f"/console/action?key={landlord}")
         rendered = page.locator(".v-erased").all_inner_texts()  # as shown, after the stylesheet
         assert rendered and set(rendered) == {"erased"}, set(rendered)
+
+    @pytest.mark.parametrize("width", WIDTHS)
+    def test_the_gap_charts_fill_the_width_with_a_value_axis(
+        self, browser: Browser, served: Served, width: int
+    ) -> None:
+        page = open_page(browser, width)
+        sign_in(page, served, served.analyst, then="/console/gaps")
+        for by in ("tool", "agent_id", "day"):
+            svg = page.locator(f'svg[data-by="{by}"]')
+            box, room = svg.bounding_box(), svg.locator("xpath=..").bounding_box()
+            assert box is not None and room is not None and box["width"] >= 0.95 * room["width"], (by, box, room)
+            ticks = svg.locator(".value-axis text").all_inner_texts()
+            assert ticks[0] == "0%" and ticks[-1] == "100%", (by, ticks)
+            fills = svg.locator("rect[data-class]").evaluate_all(
+                "rs => rs.map(r => [r.dataset.class, r.getAttribute('fill')])"
+            )
+            assert fills and {c: f for c, f in fills} == {c: report.CLASS_COLOURS[c] for c, _ in fills}, by
+        day = page.locator('svg[data-by="day"]').bounding_box()
+        assert day is not None and day["height"] >= (150 if width < 600 else 250), day
+        shot(page, "gaps-axes", width)

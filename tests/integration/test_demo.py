@@ -106,6 +106,10 @@ class TestTheDemo:
         assert demo.returncode == 0, demo.output
         assert "error:" not in demo.output and "Traceback" not in demo.output
 
+    def test_its_heading_is_a_line_not_a_rule_across_the_pipe(self, demo: Demo) -> None:
+        first = demo.output.splitlines()[0]
+        assert first.strip() == "== preflight-audit demo ==", first[:120]
+
     def test_the_seed_cases_decide_as_the_seed_says(self, demo: Demo) -> None:
         expected = {
             "landlord: asked, answered, executed": "ask_user -> executed",

@@ -100,3 +100,22 @@ class TestGapChart:
             assert day_one["instruction gap"] == 0.25 and day_one["configuration defect"] == 0.25
         finally:
             plt.close(fig)
+
+
+def test_the_png_chart_draws_each_class_in_the_consoles_colour() -> None:
+    import datetime as dt
+
+    import matplotlib.colors
+    import matplotlib.pyplot as plt
+
+    row = {"day": dt.date(2025, 1, 2), "tool": "bank.transfer", "agent_id": "a", "runs": 10, "executes": 1}
+    rows = [row | {column: 1 for column, _ in report.GAP_CLASSES}]
+    fig = report.gap_figure(rows)
+    try:
+        bars, lines = fig.axes[0], fig.axes[1]
+        drawn = {matplotlib.colors.to_hex(p.get_facecolor()) for p in bars.patches}
+        plotted = {matplotlib.colors.to_hex(line.get_color()) for line in lines.get_lines()}
+    finally:
+        plt.close(fig)
+    colours = set(report.CLASS_COLOURS.values())
+    assert colours <= drawn and colours <= plotted
