@@ -20,7 +20,10 @@ Who may call what: every route but ``/healthz`` (and the OpenAPI pages) needs ``
 <token>``, checked before the database is touched (an unauthenticated request learns nothing about it);
 no answer names a path of the server; the token's role comes from the settings
 (`preflight_audit.access.TokenTable`). No token or an unknown one is a 401 with ``WWW-Authenticate:
-Bearer``; a role the route does not admit a 403.
+Bearer``; a role the route does not admit a 403. An address that presented too many unknown tokens is
+refused for a while, whatever it presents (429 with Retry-After, `preflight_audit.sessions.FailureLimit`).
+Every request passes `preflight_audit.guard.HttpGuard` first: cross-origin POSTs refused, bodies bounded
+in size and time, the security headers on every answer.
 Provenance and responsibility admit ``compliance`` and ``analyst`` and answer each in its view
 (`preflight_audit.access`): compliance gets values opened with the key store (``"erased"`` after an
 erasure), an analyst never gets a value -- a sealed one becomes its keyed token, a plaintext one a
