@@ -493,7 +493,7 @@ def run_page(
         raise ConsolePageError(404, "No such run", f"No projected run has the id {run_id[:80]!r}.")
     run = found[0]
     fields = who.rows("provenance", _run(con, "provenance", run_id=run_id))
-    slots = who.rows("responsibility", _run(con, "responsibility", run_id=run_id))
+    slots = [_field_answer(s) for s in who.rows("responsibility", _run(con, "responsibility", run_id=run_id))]
     csv = _csv(request, {"fields": (_FIELD_COLUMNS, fields), "responsibility": (_columns(slots), slots)})
     if csv is not None:
         return csv
@@ -508,6 +508,18 @@ def run_page(
         steps=pages.run_steps(run, fields),
         gate=pages.gate_in_words(run),
     )
+
+
+def _field_answer(slot: dict[str, Any]) -> dict[str, Any]:
+    """A required field's answer as the fields table shows it: the query gives its JSON text
+    (``"1102534471"``, quoted), a page the value (``1102534471``)."""
+    answer = slot.get("answer")
+    if slot.get("checklist") == "provider" and isinstance(answer, str):
+        try:
+            return {**slot, "answer": json.loads(answer)}
+        except ValueError:
+            return slot
+    return slot
 
 
 @router.get("/decision/{decision_id}")

@@ -598,3 +598,12 @@ class TestANewcomer:
         day = page.locator('svg[data-by="day"]').bounding_box()
         assert day is not None and day["height"] >= (150 if width < 600 else 250), day
         shot(page, "gaps-axes", width)
+
+    def test_a_value_reads_the_same_in_both_tables(self, browser: Browser, served: Served) -> None:
+        page = open_page(browser, 1280)
+        sign_in(page, served, served.compliance, then="/console/?user=u_08&tool=bank.transfer&decision=executed")
+        page.locator("table.runs a[href^='/console/run/']").first.click()
+        for field in ("to_account", "from_account", "amount"):
+            supplied = page.locator(f'table.fields tr[data-field="{field}"] .v').first.inner_text()
+            answered = page.locator(f'.slots tr[data-slot="{field}"] td[data-label="Answer"]').inner_text()
+            assert supplied == answered and not answered.startswith('"'), (field, supplied, answered)
