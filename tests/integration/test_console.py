@@ -589,7 +589,7 @@ class TestANewcomer:
             svg = page.locator(f'svg[data-by="{by}"]')
             box, room = svg.bounding_box(), svg.locator("xpath=..").bounding_box()
             assert box is not None and room is not None and box["width"] >= 0.95 * room["width"], (by, box, room)
-            ticks = svg.locator(".value-axis text").all_inner_texts()
+            ticks = svg.locator(".value-axis text").all_text_contents()
             assert ticks[0] == "0%" and ticks[-1] == "100%", (by, ticks)
             fills = svg.locator("rect[data-class]").evaluate_all(
                 "rs => rs.map(r => [r.dataset.class, r.getAttribute('fill')])"

@@ -183,8 +183,8 @@ class TestNamesAndParameters:
             "integrity",
             "proposal_divergence",
             "provenance",
-            "reask_loops",
             "readable_actions",
+            "reask_loops",
             "responsibility",
             "runs_search",
         ]
