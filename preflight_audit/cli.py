@@ -497,10 +497,17 @@ def query(
         con.close()
     rows = _viewed(name, result, role, settings.key_dir)
     unopened = sum(1 for row in rows if row.get("value_protection") == "unreadable")
-    if unopened:  # the wrong key store: say so, and print nothing that reads "unreadable" as if it were an answer
+    if unopened and key_dir is not None:  # the key store named is the wrong one: print no "unreadable" answer
         raise ConfigurationError(
-            f"{unopened} value(s) did not open with the key store {settings.key_dir}: it is not the one they were"
-            " sealed with (--key-dir, or PREFLIGHT_KEY_DIR; the demo's is demo-out/keys/values)"
+            f"{unopened} value(s) did not open with the key store {key_dir}: it is not the one they were"
+            " sealed with (the demo's is demo-out/keys/values)"
+        )
+    if unopened:  # none named: the settings' store, perhaps on purpose (the plaintext values still read)
+        _err().print(
+            f"warning: {unopened} value(s) did not open with the key store {settings.key_dir}"
+            " (--key-dir, or PREFLIGHT_KEY_DIR; the demo's is demo-out/keys/values)",
+            soft_wrap=True,
+            highlight=False,
         )
     shown = list(result.columns) + [c for c in (rows[0] if rows else {}) if c not in result.columns]
     if output is OutputFormat.json:
