@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 # Real MCP servers from npm that the tests start (the PyPI ones come with the dev extra): installed from the
 # lockfile into tests/servers/node_modules (git-ignored), pinned.
 NODE_SERVERS := tests/servers
-NATIVE_SOURCES := native/Cargo.toml native/Cargo.lock native/pyproject.toml native/src/lib.rs native/preflight_audit_native.pyi
+NATIVE_SOURCES := native/Cargo.toml native/Cargo.lock native/pyproject.toml native/src/lib.rs native/src/jcs.rs native/preflight_audit_native.pyi
 
 $(STAMP): pyproject.toml $(NATIVE_SOURCES) $(NODE_SERVERS)/package-lock.json
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
