@@ -78,7 +78,13 @@ def canonical_json(data: Any) -> bytes:
 
     orjson writes the same bytes for strings, booleans, null and 64-bit integers (keys by code point, the
     same escapes) about ten times faster than the standard library (bench/README.md, engine); anything
-    else (`_plain`) is written by `json.dumps`."""
+    else (`_plain`) is written by `json.dumps`. The compiled writer of `native/` (see `jcs`) writes the same
+    bytes again where they hold no character from U+E000 up: then every key sorts alike by code point and
+    by UTF-16, and the two forms escape and write strings and 64-bit integers alike."""
+    if _native_jcs is not None:
+        out = _native_jcs(data)
+        if out is not None and (out.isascii() or _HIGH_BYTES.search(out) is None):
+            return out
     if _plain(data, _INT64):
         try:
             return orjson.dumps(data, option=orjson.OPT_SORT_KEYS)

@@ -10,6 +10,7 @@ characters, escapes, integers at the 53- and 64-bit edges, nesting.
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import shutil
 from types import ModuleType
@@ -22,7 +23,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from preflight import chain
-from preflight.chain import _jcs, _orders_agree, _plain, jcs
+from preflight.chain import _jcs, _orders_agree, _plain, canonical_json, jcs
 
 
 def _exact(value: Any) -> bytes:
@@ -119,6 +120,17 @@ class TestEveryWriterIsRfc8785:
         assert jcs(value) == rfc8785.dumps(value)
         if _holds_float(value):
             assert native.jcs(value) is None
+
+
+class TestTheLegacyFormToo:
+    """`canonical_json` (versions 1-2 and every digest) takes the compiled writer where the forms agree."""
+
+    @settings(max_examples=500)
+    @given(values)
+    @example({"\ufb33": 1, "\U0001f600": 2})
+    def test_canonical_json_is_the_sorted_json_dumps(self, value: Any) -> None:
+        reference = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        assert canonical_json(value) == reference.encode()
 
 
 class TestWhereTheFastPathsStepAside:
