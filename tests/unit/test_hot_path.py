@@ -4,18 +4,22 @@ The decision path records each step's event as a plain payload (`Trace.took`), s
 event's model; the models stay the one definition of each event (and the source of the JSON Schema). Here
 every payload a run records, down every path of the decision, is exactly its model's members: none it does
 not have, none of its required ones missing, each value already of its JSON type (strict validation: the
-seal coerces nothing).
+seal coerces nothing). And the shortcuts the hot path takes compute what they stand for.
 """
 
 from __future__ import annotations
 
+import unicodedata
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from preflight import scenario as sc
 from preflight.engine import Decided, Trace
 from preflight.events import EVENT_ADAPTER, Envelope
+from preflight.fingerprint import normalise
 from preflight.records import RECORD_SCHEMA_VERSION
 
 ENVELOPE: dict[str, Any] = {
@@ -98,3 +102,14 @@ async def test_the_steps_come_in_the_decision_paths_order() -> None:
         "field_resolved",
         "checklist_item_verified",
     ]
+
+
+def _normalised_char_by_char(text: str) -> str:
+    folded = unicodedata.normalize("NFKC", text).lower()
+    return "".join(ch for ch in folded if not ch.isspace() and unicodedata.category(ch)[0] not in "PSZ")
+
+
+@settings(max_examples=500)
+@given(st.text(st.characters(max_codepoint=127)) | st.text())
+def test_the_fingerprints_ascii_shortcut_normalises_as_every_character_is(text: str) -> None:
+    assert normalise(text) == _normalised_char_by_char(text)
