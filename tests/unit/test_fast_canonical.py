@@ -94,27 +94,27 @@ floats = st.floats(allow_nan=False, allow_infinity=False)
 
 
 class TestEveryWriterIsRfc8785:
-    @settings(max_examples=500)
+    @settings(max_examples=500, deadline=None)
     @given(values)
     @example({"\ufb33": 1, "\U0001f600": 2})
     @example({"\ue000a": 1, "\U00010000": 2, "x": [{"\uffff": None, "\U0010ffff": "\x00"}]})
     def test_jcs_matches_the_rfc8785_package(self, value: Any) -> None:
         assert jcs(value) == rfc8785.dumps(value) == _exact(value)
 
-    @settings(max_examples=300)
+    @settings(max_examples=300, deadline=None)
     @given(values)
     def test_the_orjson_path_is_exact_where_it_is_taken(self, value: Any) -> None:
         fast = _orjson_path(value)
         if fast is not None:
             assert fast == rfc8785.dumps(value)
 
-    @settings(max_examples=500)
+    @settings(max_examples=500, deadline=None)
     @given(values)
     @example({"\ufb33": 1, "\U0001f600": 2})
     def test_the_compiled_writer_is_exact(self, native: ModuleType, value: Any) -> None:
         assert native.jcs(value) == rfc8785.dumps(value)
 
-    @settings(max_examples=200)
+    @settings(max_examples=200, deadline=None)
     @given(st.recursive(leaves | floats, lambda inner: st.lists(inner, max_size=3), max_leaves=8))
     def test_floats_go_to_the_exact_writer(self, native: ModuleType, value: Any) -> None:
         assert jcs(value) == rfc8785.dumps(value)
@@ -125,7 +125,7 @@ class TestEveryWriterIsRfc8785:
 class TestTheLegacyFormToo:
     """`canonical_json` (versions 1-2 and every digest) takes the compiled writer where the forms agree."""
 
-    @settings(max_examples=500)
+    @settings(max_examples=500, deadline=None)
     @given(values)
     @example({"\ufb33": 1, "\U0001f600": 2})
     def test_canonical_json_is_the_sorted_json_dumps(self, value: Any) -> None:

@@ -109,7 +109,7 @@ def _normalised_char_by_char(text: str) -> str:
     return "".join(ch for ch in folded if not ch.isspace() and unicodedata.category(ch)[0] not in "PSZ")
 
 
-@settings(max_examples=500)
+@settings(max_examples=500, deadline=None)
 @given(st.text(st.characters(max_codepoint=127)) | st.text())
 def test_the_fingerprints_ascii_shortcut_normalises_as_every_character_is(text: str) -> None:
     assert normalise(text) == _normalised_char_by_char(text)
