@@ -66,6 +66,8 @@ MAX_SCHEMA_BYTES = 1_000_000
 MAX_REF_HOPS = 32
 #: How many schemas' validators are kept compiled (keyed by the schema's canonical JSON).
 VALIDATOR_CACHE = 256
+#: How many leaves' compiled validators a schema keeps.
+LEAF_VALIDATOR_CACHE = 1024
 
 ArgumentsErrorKind = Literal[
     "schema_invalid",
@@ -177,16 +179,18 @@ class _Compiled:
 
     def leaf_validator(self, leaf: Leaf) -> Any:
         """The compiled validator of `leaf`'s schema, as `jsonschema` reads it (with the root's draft), or
-        None: no compiled root, a leaf that refers into the root (`$ref`) or names its own `$schema`."""
+        None: no compiled root, a leaf holding a reference keyword (`$ref`, `$dynamicRef`, `$recursiveRef`:
+        `jsonschema` resolves it against the root) or naming its own `$schema`."""
         kept = self.leaves.get(leaf.name)
         if kept is not None and kept[0] == leaf.schema:
             return kept[1]
         fast = None
-        if self.fast is not None and "$schema" not in leaf.schema and next(_refs(leaf.schema), None) is None:
+        if self.fast is not None and "$schema" not in leaf.schema and not _refers(leaf.schema):
             fast = compiled_validator(
                 {**leaf.schema, "$schema": self.validator.META_SCHEMA["$schema"]}, self.validator.FORMAT_CHECKER
             )
-        self.leaves[leaf.name] = (leaf.schema, fast)
+        if len(self.leaves) < LEAF_VALIDATOR_CACHE:  # bounded: a schema open to any argument has any names
+            self.leaves[leaf.name] = (leaf.schema, fast)
         return fast
 
 
@@ -328,6 +332,19 @@ def _fast_valid(fast: Any, value: Any) -> bool:
         return bool(fast.is_valid(value))
     except Exception:  # a value it cannot take is decided by jsonschema
         return False
+
+
+_REFERRING = ("$ref", "$dynamicRef", "$recursiveRef")
+
+
+def _refers(node: Any) -> bool:
+    """True if `node` holds a reference keyword anywhere: resolved against the root by `jsonschema`, so
+    not compiled alone."""
+    if isinstance(node, Mapping):
+        return any(k in node for k in _REFERRING) or any(_refers(v) for v in node.values())
+    if isinstance(node, list):
+        return any(_refers(v) for v in node)
+    return False
 
 
 def _refs(node: Any) -> Iterator[str]:

@@ -118,3 +118,18 @@ def test_formats_mean_what_jsonschema_says() -> None:
     assert plan.call_violations({"at": "2026-12-05"}) == []
     assert plan.call_violations({"at": "2026-02-30"}) != []
     assert _verdicts(schema, {"at": "2026-02-30"}) == (False, False)
+
+
+def test_a_leaf_that_refers_into_the_root_is_left_to_jsonschema() -> None:
+    schema = {
+        "type": "object",
+        "$defs": {"code": {"type": "string", "pattern": "^[A-Z]{3}$"}},
+        "properties": {"codes": {"type": "array", "items": {"$ref": "#/$defs/code"}}, "note": {"type": "string"}},
+    }
+    plan = plan_call(schema, ["codes", "note"], None)
+    codes, note = plan.leaves
+    assert plan.compiled.leaf_validator(codes) is None
+    assert plan.compiled.leaf_validator(note) is not None
+    assert plan.leaf_violation(codes, ["ABC"]) is None
+    assert plan.leaf_violation(codes, ["abc"]) is not None
+    assert plan.leaf_violation(note, 5) is not None
