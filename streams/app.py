@@ -55,7 +55,9 @@ from streams.batch import (
     Progress,
     fold_partition,
     progress_key,
+    restore_record,
     state_key,
+    stored_parts,
 )
 from streams.errors import StreamsError
 from streams.metrics import PartitionFigures, WorkerFigures, worker_registry
@@ -75,6 +77,27 @@ _LOG_END_TTL_S = 1.0
 #: The files in the data directory that count the worker's starts and hold its group instance id.
 STARTS_FILE = "preflight-worker-starts"
 INSTANCE_FILE = "preflight-worker-instance"
+
+
+class FoldTable(faust.Table[str, Any]):
+    """The fold's table: its changelog holds each key's state as parts (`streams.batch.stored_parts`),
+    which recovery puts back together (`streams.batch.restore_record`) instead of taking each record's
+    value as the value of its key."""
+
+    def apply_changelog_batch(self, batch: Iterable[Any]) -> None:
+        store = self.data
+        data = store.data  # the memory store's dict (the worker's store is memory://)
+        owner = getattr(store, "_key_partition", None)  # the memory store's record of each key's partition
+        for event in batch:
+            key, value = event.key, event.value
+            if not isinstance(key, str):
+                continue
+            changed = restore_record(data, key, value)
+            if changed is not None and owner is not None:
+                if changed in data:
+                    owner[changed] = event.message.partition
+                else:
+                    owner.pop(changed, None)
 
 
 class NotOwnedError(StreamsError):
@@ -500,8 +523,11 @@ class Folder:
         counts = self._counts.setdefault(partition, Counter())
         writes = []
         for key, state in result.writes.items():
-            _count_change(counts, self.state(state_key(key)), state)
-            writes.append(self._write(partition, state_key(key), state))
+            old = self.state(state_key(key))
+            _count_change(counts, old, state)
+            for stored, value in stored_parts(key, old, state):  # only what changed, the core last
+                writes.append(self.table.send_changelog(partition, stored, value))
+            self.table.data[state_key(key)] = state
         writes.append(self._write(partition, progress_key(partition), result.progress.to_json()))
         await asyncio.gather(*writes)  # acknowledged by the broker: stored
         self.last_fold_at = time.time()
@@ -735,12 +761,16 @@ def create_app(settings: WorkerSettings) -> faust.App:
         key_serializer="raw",
         value_serializer="raw",
     )
-    table = app.Table(
-        settings.table_name,
-        default=None,
-        partitions=settings.partitions,
-        key_type=str,
-        help="k:<action_key> -> folded state; w:<partition> -> the partition's progress",
+    table = app.tables.add(
+        FoldTable(
+            app,
+            name=settings.table_name,
+            default=None,
+            beacon=app.tables.beacon,
+            partitions=settings.partitions,
+            key_type=str,
+            help="k:<action_key> -> folded state (stored as its parts); w:<partition> -> the partition's progress",
+        )
     )
     bootstrap = settings.bootstrap_servers
     backfill = Backfill(bootstrap, settings.events_topic)

@@ -20,18 +20,21 @@ from __future__ import annotations
 import base64
 import json
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from preflight.errors import EventDecodeError
 from preflight.events import decode_message
-from preflight.fold import Position, evolve
+from preflight.fold import CORE, Position, changed_parts, evolve, restore_part
 from preflight.signing import DecisionVerifier
 
 #: Table keys: a key's state lives under STATE_PREFIX + action_key, a partition's progress under
-#: PROGRESS_PREFIX + partition number, so the two can never collide whatever an action_key is.
-STATE_PREFIX = "k:"
+#: PROGRESS_PREFIX + partition number, so the two can never collide whatever an action_key is. In the
+#: changelog a state is stored as its parts (`preflight.fold.changed_parts`), each under
+#: ``<part>:<action_key>`` (`part_key`): the core under the state's own key, ``b:`` the baseline,
+#: ``r<slot>:`` a remembered run.
+STATE_PREFIX = CORE + ":"
 PROGRESS_PREFIX = "w:"
 
 DEAD_LETTER_VERSION = 1
@@ -43,6 +46,34 @@ def state_key(action_key: str) -> str:
 
 def progress_key(partition: int) -> str:
     return f"{PROGRESS_PREFIX}{partition}"
+
+
+def part_key(part: str, action_key: str) -> str:
+    """The changelog key of one part of `action_key`'s state."""
+    return f"{part}:{action_key}"
+
+
+def stored_parts(action_key: str, old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    """The changelog records (key, value) that store what changed from `old` to `new`, in order."""
+    return [(part_key(part, action_key), value) for part, value in changed_parts(old, new)]
+
+
+def restore_record(table: MutableMapping[str, Any], key: str, value: Any) -> str | None:
+    """Apply one changelog record to `table` (a recovering table's data, in log order); the table key it
+    changed (a state's or a progress's), or None for a key this worker never writes."""
+    if key.startswith(PROGRESS_PREFIX):
+        if value is None:
+            table.pop(key, None)
+        else:
+            table[key] = value
+        return key
+    part, colon, action_key = key.partition(":")
+    if not colon:
+        return None
+    target = state_key(action_key)
+    current = table.get(target)
+    table[target] = restore_part(current if isinstance(current, dict) else None, action_key, part, value)
+    return target
 
 
 @dataclass(frozen=True)
