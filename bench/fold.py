@@ -166,7 +166,7 @@ async def raw_consume(bootstrap: str, topic: str, ends: dict[int, int], decode: 
 
 async def topic_bytes(bootstrap: str, topic: str, partitions: int) -> tuple[int, int]:
     """(records, bytes of their keys and values) in the whole of `topic`: what the broker carried for it."""
-    reader = Backfill(bootstrap, topic)
+    reader = Backfill(bootstrap, topic, timeout_s=600.0)
     records = size = 0
     try:
         ends = await reader.end_offsets(partitions)
