@@ -737,7 +737,7 @@ def create_app(settings: WorkerSettings) -> faust.App:
         broker_commit_interval=_NEVER_S,  # the worker commits what it stored (Folder._commit)
         broker_commit_every=_NEVER,
         topic_partitions=settings.partitions,
-        topic_replication_factor=1,
+        topic_replication_factor=settings.replication_factor,
         table_standby_replicas=0,
         consumer_auto_offset_reset="earliest",
         web_enabled=True,
