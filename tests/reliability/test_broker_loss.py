@@ -234,6 +234,7 @@ async def test_losing_two_of_three_brokers_mid_stream_loses_nothing_acknowledged
         f" ({sum(1 for a in under_min_isr if not a.acked)} of {len(under_min_isr)} below the minimum ISR)",
         f"worker lag {lag}, projector lag 0 ({tail.messages} messages left for a last projector)",
         f"{len(live_answers)} named query answers compared",
+        broker="3 Apache Kafka nodes",
     )
     assert counts.ok, counts.explain()
     assert counts.lost == 0 and counts.duplicated == 0
