@@ -34,6 +34,7 @@ from preflight.emit import rebuild_record
 from preflight.errors import ChainError, EventDecodeError
 from preflight.events import EVENT_TYPES, SUPPORTED_EVENT_VERSIONS, decode_event
 from preflight.records import UNKEYED_RECORD_KEY, ExecutionRecord, RunRef
+from preflight.shapes import conforms
 from preflight.signing import DecisionVerifier, SignedDecision, parse_time
 
 #: Runs a key remembers (with their event ids): the runs still awaiting an outcome, and enough of the
@@ -187,8 +188,12 @@ def evolve(
     for event, text in zip(message, texts, strict=True):
         if not hash_matches(event, text):
             return _anomaly(base, f"broken hash chain: seq {event['seq']} hash does not match its content")
-    for index, event in enumerate(message):
+    for index, (event, text) in enumerate(zip(message, texts, strict=True)):
         # The whole model, strictly, as the projector reads it: an intact chain does not make a run well formed.
+        # Its strict shape (`preflight.shapes`) first, without pydantic; the model itself judges (and names)
+        # whatever the shape does not accept.
+        if conforms(event, text):
+            continue
         if not _UUID.fullmatch(event["event_id"]):
             return _anomaly(base, f"event {index}: event_id {event['event_id']!r:.80} is not a UUID")
         try:
