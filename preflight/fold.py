@@ -15,18 +15,18 @@ Idempotence does not depend on the consumer's offset commits: a message at or be
 applied offset is a redelivery, and a run seen before with the same hashes (a producer retry at a
 new offset) is a duplicate. Either changes nothing.
 
-A key's state is a plain JSON-compatible dict, stored as parts of its own (`changed_parts`): a small
+A key's state is a plain JSON-compatible dict, stored as parts of its own (`stored_parts`): a small
 core (offsets, counts), the baseline, and one part per remembered run (a slot of RECENT_RUNS_PER_KEY,
-holding the run's event ids, and its events while it awaits an outcome). A batch stores only the parts
-it changed, never the whole history; `restore_part` puts them back together. The index of remembered
-run and event ids (``seen``) is derived from the runs and never stored.
+holding the run's event ids, and its events while it awaits an outcome). A message stores only the
+parts it changed (`Folded.parts`), never the whole history; `restore_part` puts them back together.
+The index of remembered run and event ids (``seen``) is derived from the runs and never stored.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from preflight.chain import TAIL_EVENT_TYPES, hash_matches, message_problem
@@ -68,10 +68,16 @@ Outcome = Literal["applied", "duplicate", "anomaly"]
 
 @dataclass(frozen=True)
 class Folded:
+    """What folding one message did: the new state, the outcome, and the parts of the state it changed,
+    as ``(part, value)`` in the order to store them (`stored_parts`)."""
+
     state: dict[str, Any]
     outcome: Outcome
     reason: str | None = None
     baseline_changed: bool = False
+    #: The run slot this message wrote, if any.
+    slot: int | None = None
+    parts: tuple[tuple[str, Any], ...] = ()
 
 
 def initial_state(action_key: str) -> dict[str, Any]:
@@ -145,13 +151,6 @@ def _store(state: dict[str, Any], slot: int, entry: dict[str, Any]) -> None:
         seen[event_id] = slot
 
 
-def _partial(entry: Mapping[str, Any], name: str, position: Position) -> bool:
-    """Whether `entry` was written by this very message (`name`: ``run_at`` or ``tail_at``) while the
-    core that counts it was not stored (a worker stopped between the two writes): it is then counted
-    now, not taken for a duplicate. (A message at or below the applied offset never gets here.)"""
-    return entry.get(name) == [position.partition, position.offset]
-
-
 def evolve(
     state: Mapping[str, Any] | None,
     message: Sequence[Any],
@@ -204,14 +203,33 @@ def evolve(
     if message[0]["event_type"] in TAIL_EVENT_TYPES:
         folded = _apply_tail(base, run_id, message, position, verifier)
     else:
-        folded = _apply_run(base, run_id, message, position)
-    if folded.outcome != "anomaly":  # a changed state is a working copy of its own
-        folded.state["partition"] = position.partition
-        folded.state["applied_offset"] = position.offset
-    return folded
+        folded = _apply_run(base, run_id, message)
+    if folded.outcome == "anomaly":
+        return folded
+    folded.state["partition"] = position.partition  # a changed state is a working copy of its own
+    folded.state["applied_offset"] = position.offset
+    return replace(folded, parts=stored_parts(folded))
 
 
-def _apply_run(state: dict[str, Any], run_id: str, events: Sequence[Mapping[str, Any]], position: Position) -> Folded:
+def stored_parts(folded: Folded) -> tuple[tuple[str, Any], ...]:
+    """The records that store what one message changed in its key's state, never the whole history: the
+    baseline if it moved (``b``), then the run slot it wrote (``r<slot>``) carrying the key's core as of this
+    message (``k``: offsets, counts), or the core alone. Stored in this order, message after message, any
+    prefix of the records is a state that has folded exactly the messages whose last record it holds: the
+    core is never ahead of the parts before it, and a baseline ahead of its core is written again, equal."""
+    state = folded.state
+    core = {name: state[name] for name in CORE_FIELDS}
+    parts: list[tuple[str, Any]] = []
+    if folded.baseline_changed:
+        parts.append((BASELINE, state["baseline"]))
+    if folded.slot is None:
+        parts.append((CORE, core))
+    else:
+        parts.append((f"{RUN_PART}{folded.slot}", {**state["runs"][folded.slot], CORE: core}))
+    return tuple(parts)
+
+
+def _apply_run(state: dict[str, Any], run_id: str, events: Sequence[Mapping[str, Any]]) -> Folded:
     problem = message_problem(events)  # the run-chain rule (`preflight.chain`)
     if problem is not None:
         return _anomaly(
@@ -224,34 +242,31 @@ def _apply_run(state: dict[str, Any], run_id: str, events: Sequence[Mapping[str,
     if known is not None:
         if known.get("close_hash") != closing["hash"]:
             return _anomaly(state, f"run {run_id} seen before with different content")
-        if not _partial(known, "run_at", position):
-            state = _working_copy(state)
-            state["counts"]["duplicates"] += 1
-            return Folded(state, "duplicate", "run already applied (same hashes)")
         state = _working_copy(state)
-    else:
-        reused = _reused_event_id(state, events)
-        if reused is not None:
-            return _anomaly(state, reused)
-        if decision not in DECISIONS:
-            return _anomaly(state, f"run_closed decision {decision!r} is not a decision")
-        entry: dict[str, Any] = {
-            "run_id": run_id,
-            "decision": decision,
-            "close_hash": closing["hash"],
-            "last_seq": closing["seq"],
-            "last_hash": closing["hash"],
-            "event_ids": [e["event_id"] for e in events],
-            "run_at": [position.partition, position.offset],
-        }
-        if decision == "execute":  # what the outcome is checked against, and its record rebuilt from
-            entry["events"] = [dict(e) for e in events]
-        state = _working_copy(state)
-        _store(state, state["runs_seen"] % RECENT_RUNS_PER_KEY, entry)
+        state["counts"]["duplicates"] += 1
+        return Folded(state, "duplicate", "run already applied (same hashes)")
+    reused = _reused_event_id(state, events)
+    if reused is not None:
+        return _anomaly(state, reused)
+    if decision not in DECISIONS:
+        return _anomaly(state, f"run_closed decision {decision!r} is not a decision")
+    entry: dict[str, Any] = {
+        "run_id": run_id,
+        "decision": decision,
+        "close_hash": closing["hash"],
+        "last_seq": closing["seq"],
+        "last_hash": closing["hash"],
+        "event_ids": [e["event_id"] for e in events],
+    }
+    if decision == "execute":  # what the outcome is checked against, and its record rebuilt from
+        entry["events"] = [dict(e) for e in events]
+    state = _working_copy(state)
+    slot = state["runs_seen"] % RECENT_RUNS_PER_KEY
+    _store(state, slot, entry)
     state["runs_seen"] += 1
     state["counts"]["runs"] += 1
     state["counts"][decision] += 1
-    return Folded(state, "applied")
+    return Folded(state, "applied", slot=slot)
 
 
 def _reused_event_id(state: Mapping[str, Any], events: Sequence[Mapping[str, Any]]) -> str | None:
@@ -310,9 +325,6 @@ def _apply_tail(
     if waiting is None or "outcome" in waiting or waiting["decision"] != "execute":
         if waiting is not None and waiting.get("tail_hash") == tail["hash"]:
             state = _working_copy(state)
-            if _partial(waiting, "tail_at", position):
-                state["counts"][waiting["outcome"]] += 1
-                return Folded(state, "applied")
             state["counts"]["duplicates"] += 1
             return Folded(state, "duplicate", "tail already applied (same hash)")
         if waiting is not None and waiting["decision"] != "execute":
@@ -359,39 +371,21 @@ def _apply_tail(
         tail_hash=tail["hash"],
         outcome=outcome,
         event_ids=[*waiting["event_ids"], tail["event_id"]],
-        tail_at=[position.partition, position.offset],
     )
-    _store(state, state["seen"][run_id], entry)
-    return Folded(state, "applied", baseline_changed=baseline is not None)
-
-
-def changed_parts(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> list[tuple[str, Any]]:
-    """What a batch changed in a key's state, as ``(part, value)`` in the order to store them: the
-    baseline, then each run slot written (``r<slot>``), then the core last -- so that a worker stopped
-    between the writes leaves a stored core that claims no more than the parts before it hold (a run
-    slot written without its core is recognised and counted when the message is folded again).
-    Never the whole history: an unchanged part is not written."""
-    parts: list[tuple[str, Any]] = []
-    if old is None or old.get("baseline") is not new.get("baseline"):
-        parts.append((BASELINE, new.get("baseline")))
-    before = old["runs"] if old is not None else {}
-    for slot, entry in new["runs"].items():
-        if before.get(slot) is not entry:
-            parts.append((f"{RUN_PART}{slot}", entry))
-    core = {name: new[name] for name in CORE_FIELDS}
-    if old is None or any(old.get(name) != value for name, value in core.items()):
-        parts.append((CORE, core))
-    return parts
+    slot = state["seen"][run_id]
+    _store(state, slot, entry)
+    return Folded(state, "applied", baseline_changed=baseline is not None, slot=slot)
 
 
 def restore_part(state: dict[str, Any] | None, action_key: str, part: str, value: Any) -> dict[str, Any]:
-    """Put one stored part (`changed_parts`) back into a key's state (made if None), in place: what a
-    table recovering from its changelog does for every record, in log order."""
+    """Put one stored part (`stored_parts`) back into a key's state (made if None), in place: what a
+    table recovering from its changelog does for every record, in log order. Of the cores it is given
+    (alone, or carried by a run slot), the state keeps the one that has folded the furthest."""
     if state is None:
         state = initial_state(action_key)
     if part == CORE:
         if isinstance(value, Mapping):
-            state.update({name: value[name] for name in CORE_FIELDS if name in value})
+            _restore_core(state, value)
             if "recent" in value or "awaiting" in value:
                 _restore_whole(state, value)
     elif part == BASELINE:
@@ -399,7 +393,11 @@ def restore_part(state: dict[str, Any] | None, action_key: str, part: str, value
     elif part.startswith(RUN_PART) and part[len(RUN_PART) :].isdigit():
         slot = int(part[len(RUN_PART) :])
         if isinstance(value, Mapping):
-            _store(state, slot, dict(value))
+            entry = dict(value)
+            core = entry.pop(CORE, None)
+            _store(state, slot, entry)
+            if isinstance(core, Mapping):
+                _restore_core(state, core)
         else:
             old = state["runs"].pop(slot, None)
             if old is not None:
@@ -407,6 +405,15 @@ def restore_part(state: dict[str, Any] | None, action_key: str, part: str, value
                     if state["seen"].get(name) == slot:
                         del state["seen"][name]
     return state
+
+
+def _restore_core(state: dict[str, Any], core: Mapping[str, Any]) -> None:
+    """Take `core` (offsets, counts) unless the state's own has folded further in the same partition (a
+    slot written before the latest core, read after it)."""
+    offset = core.get("applied_offset")
+    if state["partition"] == core.get("partition") and isinstance(offset, int) and offset < state["applied_offset"]:
+        return
+    state.update({name: core[name] for name in CORE_FIELDS if name in core})
 
 
 def _restore_whole(state: dict[str, Any], value: Mapping[str, Any]) -> None:

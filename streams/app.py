@@ -57,7 +57,6 @@ from streams.batch import (
     progress_key,
     restore_record,
     state_key,
-    stored_parts,
 )
 from streams.errors import StreamsError
 from streams.metrics import PartitionFigures, WorkerFigures, worker_registry
@@ -80,7 +79,7 @@ INSTANCE_FILE = "preflight-worker-instance"
 
 
 class FoldTable(faust.Table[str, Any]):
-    """The fold's table: its changelog holds each key's state as parts (`streams.batch.stored_parts`),
+    """The fold's table: its changelog holds each key's state as parts (`preflight.fold.stored_parts`),
     which recovery puts back together (`streams.batch.restore_record`) instead of taking each record's
     value as the value of its key."""
 
@@ -523,11 +522,10 @@ class Folder:
         counts = self._counts.setdefault(partition, Counter())
         writes = []
         for key, state in result.writes.items():
-            old = self.state(state_key(key))
-            _count_change(counts, old, state)
-            for stored, value in stored_parts(key, old, state):  # only what changed, the core last
-                writes.append(self.table.send_changelog(partition, stored, value))
+            _count_change(counts, self.state(state_key(key)), state)
             self.table.data[state_key(key)] = state
+        for stored, value in result.records:  # only the parts each message changed, in order
+            writes.append(self.table.send_changelog(partition, stored, value))
         writes.append(self._write(partition, progress_key(partition), result.progress.to_json()))
         await asyncio.gather(*writes)  # acknowledged by the broker: stored
         self.last_fold_at = time.time()

@@ -1,4 +1,4 @@
-"""How the worker stores a key's state: only the parts a batch changed (`preflight.fold.changed_parts`),
+"""How the worker stores a key's state: only the parts each message changed (`preflight.fold.stored_parts`),
 never the whole history, and a table recovered from those records (`streams.batch.restore_record`) is
 the state the fold holds -- from the whole changelog, and from any prefix of it followed by folding the
 rest again (a worker stopped between two writes of a batch)."""
@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from preflight.chain import content_hash
 from preflight.fold import RECENT_RUNS_PER_KEY, restore_part
-from streams.batch import Incoming, Missing, Progress, fold_partition, progress_key, restore_record, stored_parts
+from streams.batch import Incoming, Missing, Progress, fold_partition, progress_key, restore_record
 from tests.unit.test_fold import KEY, history
 
 TOPIC = "events"
@@ -69,10 +69,10 @@ class Worker:
         result = fold_partition(TOPIC, 0, items, self.progress, self.table.get)
         size = 0
         for key, state in result.writes.items():
-            for stored, value in stored_parts(key, self.table.get("k:" + key), state):
-                self.changelog.append((stored, json.dumps(value)))
-                size += len(stored) + len(self.changelog[-1][1])
             self.table["k:" + key] = state
+        for stored, value in result.records:
+            self.changelog.append((stored, json.dumps(value)))
+            size += len(stored) + len(self.changelog[-1][1])
         self.changelog.append((progress_key(0), json.dumps(result.progress.to_json())))
         self.progress = result.progress
         self.written.append(size)
@@ -136,28 +136,22 @@ class TestStoredParts:
         )
 
 
-@settings(max_examples=40, deadline=None)
-@given(sizes=st.lists(st.integers(1, 7), min_size=1, max_size=40), cut=st.floats(0, 1))
-def test_a_stop_between_any_two_writes_changes_nothing(sizes: list[int], cut: float) -> None:
-    """Fold in batches, stop after any record of the changelog, recover from what was stored and fold the
-    rest again: the state and every count equal a fold that never stopped."""
-    values = VALUES[:60]
+@settings(max_examples=8, deadline=None)
+@given(sizes=st.lists(st.integers(1, 7), min_size=1, max_size=40))
+def test_a_stop_between_any_two_writes_changes_nothing(sizes: list[int]) -> None:
+    """Fold in batches, stop after any record of the changelog (every one is tried), recover from what
+    was stored and fold the rest again: the state and every count equal a fold that never stopped."""
+    values = VALUES[:58]  # ends with an executed tail: a baseline lost in the last batch shows
     whole = Worker()
-    batches, at = [], 0
-    for size in sizes:
-        if at >= len(values):
-            break
-        batches.append((values[at : at + size], at))
-        at += size
-    batches.append((values[at:], at))
-    for batch, first in batches:
-        if batch:
-            whole.fold(batch, first)
-    stored = whole.changelog[: int(cut * len(whole.changelog))]
-    table, progress = recovered(stored)
-    again = Worker(table, progress)
-    if progress.offset + 1 < len(values):
-        again.fold(values[progress.offset + 1 :], progress.offset + 1)
-    # The counts of messages replayed over stored parts: re-read (in the state) or applied, never twice.
-    assert again.progress == whole.progress
-    assert comparable(again.table) == comparable(whole.table)
+    at = 0
+    for size in [*sizes, len(values)]:
+        if at < len(values):
+            whole.fold(values[at : at + size], at)
+            at += size
+    for cut in range(len(whole.changelog) + 1):
+        table, progress = recovered(whole.changelog[:cut])
+        again = Worker(table, progress)
+        if progress.offset + 1 < len(values):
+            again.fold(values[progress.offset + 1 :], progress.offset + 1)
+        assert again.progress == whole.progress, cut
+        assert comparable(again.table) == comparable(whole.table), cut
