@@ -42,7 +42,7 @@ from preflight.signing import DecisionVerifier, SignedDecision, parse_time
 #: ``runs_seen % RECENT_RUNS_PER_KEY``, evicting the run that held it.
 RECENT_RUNS_PER_KEY = 64
 DECISIONS = ("execute", "ask_user", "hold", "deferred")
-#: A state's parts, each stored on its own (`changed_parts`, `restore_part`): the core (offsets, counts),
+#: A state's parts, each stored on its own (`stored_parts`, `restore_part`): the core (offsets, counts),
 #: the baseline, and one part per run slot (``r<slot>``).
 CORE = "k"
 BASELINE = "b"
@@ -124,7 +124,7 @@ def check_shape(event: Any) -> str | None:
 
 def _working_copy(state: Mapping[str, Any]) -> dict[str, Any]:
     """A copy `evolve` may change: the containers it changes are copied, their entries are only ever
-    replaced, never changed in place (so `changed_parts` finds what changed by identity)."""
+    replaced, never changed in place (a state handed to `evolve` is never changed)."""
     copied = dict(state)
     for name in ("counts", "runs", "seen"):
         copied[name] = dict(state[name])
