@@ -433,7 +433,6 @@ def open_lake(lake: Lake, as_of: dt.datetime | None = None) -> tuple[duckdb.Duck
     snapshot = lake.snapshot(as_of)
     con = open_database(":memory:")
     try:
-        con.execute("SET TimeZone = 'UTC'")
         for table in (*PROJECTION_TABLES, "consumer_offsets"):
             con.execute(f"DROP TABLE {_ident(table)}")
         for table in PROJECTION_TABLES:
@@ -474,7 +473,10 @@ def new_rows(
 ) -> dict[str, pa.Table]:
     """In the working database's open transaction: what it added since the lake's offsets `since`
     (partition -> next offset), each table in its stored shape with `lake_day`."""
-    con.register("lake_since", pa.table({"p": list(since), "o": list(since.values())}, {"p": pa.int32(), "o": pa.int64()}))
+    since_table = pa.table(
+        {"p": pa.array(list(since), pa.int32()), "o": pa.array(list(since.values()), pa.int64())}
+    )
+    con.register("lake_since", since_table)
     run_day = "CAST(timezone('UTC', coalesce(r.started_at, r.ingested_at)) AS DATE)"
     new = "coalesce(s.o, 0) <= t.\"offset\" AND t.topic = $topic"
     since_join = "LEFT JOIN lake_since AS s ON s.p = t.partition"
@@ -505,7 +507,7 @@ def new_rows(
         out = {}
         for table, statement in statements.items():
             params = {k: v for k, v in (("topic", topic), ("projection", projection)) if f"${k}" in statement}
-            out[table] = con.execute(statement, params).to_arrow_table()
+            out[table] = con.sql(statement, params=params).to_arrow_table()
         return out
     finally:
         con.unregister("lake_since")
@@ -549,7 +551,7 @@ class LakeProjector(Projector):
             con.begin()
             for table, statement in copies.items():
                 params = {"topic": self._topic} | ({"projection": self._group} if "$projection" in statement else {})
-                rows = lake_con.execute(statement, params).to_arrow_table()
+                rows = lake_con.sql(statement, params=params).to_arrow_table()
                 con.register("lake_rows", rows)
                 try:
                     con.execute(f"INSERT INTO {_ident(table)} BY NAME SELECT * FROM lake_rows")
