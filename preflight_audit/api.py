@@ -163,13 +163,13 @@ class _Database:
         (None: the latest), which the caller closes (its snapshot: `snapshot_of`)."""
         if self.lake is not None:
             try:
-                con, snapshot = open_lake(self.lake, as_of)
+                lake_con, snapshot = open_lake(self.lake, as_of)
             except LakeError as exc:
                 _log.warning("the lake cannot be read: %s", exc)
                 status = 422 if as_of is not None and "no commit at or before" in str(exc) else 503
                 raise HTTPException(status_code=status, detail="the lake has no snapshot to answer from") from exc
-            _SNAPSHOTS[id(con)] = snapshot.describe()
-            return con
+            _SNAPSHOTS[id(lake_con)] = snapshot.describe()
+            return lake_con
         if as_of is not None:
             raise HTTPException(status_code=422, detail="as_of reads a lake's snapshots; this database keeps none")
         self.open()
@@ -250,9 +250,7 @@ def _answer(
     if rows and PROTECTION_COLUMN in rows[0] and PROTECTION_COLUMN not in columns:
         columns.append(PROTECTION_COLUMN)
     shown = {k: (v.isoformat() if isinstance(v, dt.date) else v) for k, v in params.items()}
-    return QueryAnswer(
-        query=name, params=shown, count=len(rows), columns=columns, rows=rows, snapshot=snapshot_of(con)
-    )
+    return QueryAnswer(query=name, params=shown, count=len(rows), columns=columns, rows=rows, snapshot=snapshot_of(con))
 
 
 def _narrowed(name: str, **given: str | None) -> dict[str, str | None]:

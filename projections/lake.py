@@ -46,7 +46,7 @@ import contextlib
 import datetime as dt
 import random
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -297,14 +297,13 @@ class Lake:
         detail: str,
         drop_days: Sequence[dt.date],
     ) -> int:
+        from pyiceberg.catalog.sql import IcebergTables
         from pyiceberg.exceptions import CommitFailedException
         from pyiceberg.expressions import In
         from pyiceberg.io.pyarrow import _dataframe_to_data_files
         from pyiceberg.table.update import AssertTableUUID
         from sqlalchemy import update
         from sqlalchemy.orm import Session
-
-        from pyiceberg.catalog.sql import IcebergTables
 
         tables = {name: self.table(name) for name in LAKE_TABLES}
         ledger = tables["lake_commits"]
@@ -326,7 +325,7 @@ class Lake:
             txn = table.transaction()
             if drops:
                 with txn.update_snapshot(snapshot_properties=props).delete() as delete:
-                    delete.delete_by_predicate(In("lake_day", [d.isoformat() for d in drops]))
+                    delete.delete_by_predicate(In("lake_day", [d.isoformat() for d in drops]))  # type: ignore[call-arg]
             if name in files:
                 with txn.update_snapshot(snapshot_properties=props).fast_append() as append:
                     for data_file in files[name]:
@@ -349,7 +348,8 @@ class Lake:
                     )
                     .values(metadata_location=new.metadata_location, previous_metadata_location=table.metadata_location)
                 )
-                if swapped.rowcount != 1:  # another writer moved this table: undo every swap, stage again
+                # another writer moved this table: undo every swap, stage again
+                if getattr(swapped, "rowcount", 0) != 1:
                     raise CommitFailedException(f"{table.name()} moved under the commit")
         return seq
 
@@ -473,12 +473,10 @@ def new_rows(
 ) -> dict[str, pa.Table]:
     """In the working database's open transaction: what it added since the lake's offsets `since`
     (partition -> next offset), each table in its stored shape with `lake_day`."""
-    since_table = pa.table(
-        {"p": pa.array(list(since), pa.int32()), "o": pa.array(list(since.values()), pa.int64())}
-    )
+    since_table = pa.table({"p": pa.array(list(since), pa.int32()), "o": pa.array(list(since.values()), pa.int64())})
     con.register("lake_since", since_table)
     run_day = "CAST(timezone('UTC', coalesce(r.started_at, r.ingested_at)) AS DATE)"
-    new = "coalesce(s.o, 0) <= t.\"offset\" AND t.topic = $topic"
+    new = 'coalesce(s.o, 0) <= t."offset" AND t.topic = $topic'
     since_join = "LEFT JOIN lake_since AS s ON s.p = t.partition"
     statements = {
         "runs": f"SELECT {_stored_select('runs', 't')}, {run_day.replace('r.', 't.')} AS lake_day"
@@ -495,13 +493,14 @@ def new_rows(
         " count(*) FILTER (WHERE r.decision = 'execute') AS executes, "
         + ", ".join(f"count(*) FILTER (WHERE r.gap_class = '{c}') AS {c}s" for c in _GAP_CLASSES)
         + f", {run_day} AS lake_day FROM runs AS r {since_join.replace('t.', 'r.')}"
-        f" WHERE coalesce(s.o, 0) <= r.\"offset\" AND r.topic = $topic GROUP BY ALL",
+        f' WHERE coalesce(s.o, 0) <= r."offset" AND r.topic = $topic GROUP BY ALL',
         "consumer_offsets": "SELECT projection, topic, partition, next_offset, CAST(updated_at AS TIMESTAMPTZ)"
         " AS updated_at FROM consumer_offsets WHERE projection = $projection AND topic = $topic",
     }
     for child in ("field_provenance", "checklist_results", "gate_decisions", "executions"):
         statements[child] = (
-            f"SELECT {_stored_select(child)}, {run_day} AS lake_day FROM {child} AS t LEFT JOIN runs AS r USING (run_id)"
+            f"SELECT {_stored_select(child)}, {run_day} AS lake_day"
+            f" FROM {child} AS t LEFT JOIN runs AS r USING (run_id)"
         )
     try:
         out = {}

@@ -23,6 +23,7 @@ from typer.testing import CliRunner
 import queries
 from infra.postgres import PostgresServer
 from preflight import MemoryStorage
+from preflight.events import encode_message
 from preflight_audit import scenarios
 from preflight_audit.access import parse_tokens
 from preflight_audit.api import create_app
@@ -32,7 +33,7 @@ from projections.decode import Incoming
 from projections.lake import Lake, new_rows, open_lake
 from projections.rows import plan_batch, prepare_all, to_arrow
 from projections.store import append_batch, lookup_runs
-from tests.unit.test_cli import MessageSink, encode_message
+from tests.unit.test_cli import MessageSink
 
 TOPIC = "preflight.events"
 
@@ -114,9 +115,10 @@ class TestTheLakeAnswersAsTheFile:
             assert snapshot.seq == 2
             for name, params in _parameters(file_con):
                 assert _rows(lake_con, name, **params) == _rows(file_con, name, **params), (name, params)
-            assert lake_con.execute("SELECT count(*) FROM runs").fetchone() == file_con.execute(
-                "SELECT count(*) FROM runs"
-            ).fetchone()
+            assert (
+                lake_con.execute("SELECT count(*) FROM runs").fetchone()
+                == file_con.execute("SELECT count(*) FROM runs").fetchone()
+            )
         finally:
             lake_con.close()
             file_con.close()

@@ -148,7 +148,8 @@ class TestTwoProjectorsOneLake:
             kept = lake_con.execute("SELECT * FROM gap_day_counts ORDER BY ALL").fetchall()
             counted = file_con.execute("SELECT * FROM gap_day_counts ORDER BY ALL").fetchall()
             assert kept == counted
-            assert lake_con.execute("SELECT count(*) FROM lake_commits WHERE kind = 'batch'").fetchone()[0] > 2
+            batches = lake_con.execute("SELECT count(*) FROM lake_commits WHERE kind = 'batch'").fetchone()
+            assert batches is not None and batches[0] > 2
         finally:
             lake_con.close()
             file_con.close()
@@ -160,8 +161,8 @@ class TestTwoProjectorsOneLake:
             assert then.committed_at is not None and then.committed_at <= moment
             assert str(then.snapshot_id) in then.describe()
             _compare(then_con, earlier_con, each=5)
-            runs_then = then_con.execute("SELECT count(*) FROM runs").fetchone()[0]
-            assert 0 < runs_then < CHUNK * chunk
+            runs_then = then_con.execute("SELECT count(*) FROM runs").fetchone()
+            assert runs_then is not None and 0 < runs_then[0] < CHUNK * chunk
         finally:
             then_con.close()
             earlier_con.close()
@@ -208,4 +209,3 @@ class TestTwoProjectorsOneLake:
         assert dropped == first + 1
         before = lake.table("gap_daily").scan(snapshot_id=lake.table("gap_daily").snapshots()[0].snapshot_id)
         assert before.to_arrow().num_rows == 2
-
