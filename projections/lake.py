@@ -516,14 +516,21 @@ class LakeProjector(Projector):
     """A projector committing into a `Lake` (see the module doc); its other arguments as `Projector`'s.
 
     Several may run at once over one lake, each owning disjoint partitions of the topic (`partitions`).
+    Near the log's end a batch commits the open transaction only once it is `commit_every_s` old (idle, at
+    once): every lake commit is one catalog transaction over eleven tables, serialised with every other
+    projector's through `lake_commits`, and it leaves a data file and a manifest per table it touches.
     """
 
-    def __init__(self, lake: Lake, bootstrap_servers: str, topic: str, **options: Any) -> None:
+    def __init__(
+        self, lake: Lake, bootstrap_servers: str, topic: str, *, commit_every_s: float = 2.0, **options: Any
+    ) -> None:
         self._lake = lake
         self._then = options.pop("before_commit", None)
         self._lake_offsets: dict[int, int] = {}
         self.lake_commits = 0
+        self.ship_seconds = 0.0
         super().__init__(":memory:", bootstrap_servers, topic, before_commit=self._ship, **options)
+        self.commit_every_s = commit_every_s
 
     async def _open(self) -> dict[int, int]:
         stored = await super()._open()
@@ -574,11 +581,13 @@ class LakeProjector(Projector):
         the lake, with its offsets, in one lake commit; then empty the child tables (shipped, never read)."""
         con = self._con
         assert con is not None
+        clock = time.perf_counter()
         rows = new_rows(con, self._topic, self._lake_offsets, self._group)
         if self._then is not None:
             self._then()
         self._lake.commit(rows, kind="batch", projection=self._group)
         self.lake_commits += 1
+        self.ship_seconds += time.perf_counter() - clock
         for p, o in con.execute(
             "SELECT partition, next_offset FROM consumer_offsets WHERE projection = $projection AND topic = $topic",
             {"projection": self._group, "topic": self._topic},

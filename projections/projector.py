@@ -306,6 +306,10 @@ class Projector:
         )
         self._loop: asyncio.AbstractEventLoop | None = None
         self.stats = ProjectorStats()
+        #: Near the log's end, how old the open transaction must be before a batch commits it (0: each batch
+        #: commits at once). A subclass whose commits are dear raises it (`projections.lake.LakeProjector`);
+        #: idle, the open transaction commits at once all the same.
+        self.commit_every_s = 0.0
 
     # ---- lifecycle ------------------------------------------------------------------------------------
 
@@ -742,7 +746,7 @@ class Projector:
         seconds["wait"] += time.perf_counter() - clock
         age = 0.0 if self._open_since is None else time.monotonic() - self._open_since
         commit = (
-            not backlog
+            (not backlog and age >= self.commit_every_s)
             or self._open_events + batch.plan.archived >= self._transaction_events
             or age >= self._max_transaction_s
         )
