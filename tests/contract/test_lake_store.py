@@ -168,6 +168,17 @@ class TestReadersNameTheSnapshot:
         assert "(commit 2," in now.json()["snapshot"] and "(commit 1," in then.json()["snapshot"]
         assert naive.status_code == 422 and before.status_code == 422
 
+    def test_the_console_switch(self, stores: tuple[Path, Lake, dt.datetime]) -> None:
+        _, lake, moment = stores
+        tokens = parse_tokens("analyst:a-token-0123456789", None)
+        api = create_app(Path("unused.duckdb"), tokens=tokens, lake=lake)
+        with TestClient(api, headers={"Authorization": "Bearer a-token-0123456789"}) as client:
+            now = client.get("/console/gaps")
+            then = client.get("/console/gaps", params={"as_of": moment.isoformat()})
+        assert now.status_code == 200 and then.status_code == 200
+        assert 'name="as_of"' in now.text  # the switch
+        assert "(commit 2," in now.text and "(commit 1," in then.text  # each page names the snapshot it read
+
     def test_as_of_on_a_duckdb_file_is_refused(self, stores: tuple[Path, Lake, dt.datetime]) -> None:
         file = stores[0]
         result = CliRunner().invoke(
