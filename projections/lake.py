@@ -33,6 +33,19 @@ the day the broker stamped it). `drop_day` drops a day's files from every table 
 no rewrite. Field values sealed per subject (`preflight.protect`) are stored as sealed bytes; erasing
 a subject's key makes them unreadable in every snapshot, nothing rewritten.
 
+**Measured** (``bench/lake.py``, ``bench/lake_candidates.py``; ``bench/README.md``, "The lake"): Iceberg
+and DuckLake wrote one workload at the same rate here (5.1 and 4.5 commits/s of 20k rows), so the
+environment decided; the lake projector ran at 0.59-0.89x the projector into one DuckDB file over the
+same events (a commit of 65k archive rows: 0.7 s); on 2M events over 30 days, `provenance` for one key
+took 1.6% of a full scan of the archive (293 ms: no index, the key column of every file is read) and one
+day's `gap_rates` 0.14x the scan of that day's runs.
+
+**Limits.** The working database holds its partitions' runs and archived events in memory (the planner's
+state: redelivery, outcomes, event-id reuse), seeded from the lake at each start; at scale it would be a
+local file with a bounded window of event ids. Compaction (folding a day's small files) and snapshot
+expiry are left to Iceberg's maintenance tools (Spark, Trino); a day's `gap_daily` keeps one row per
+(tool, agent) per commit until such a roll-up.
+
 **Reading** (`open_lake`): the snapshot current at a time is the `lake_commits` snapshot current
 then, and every other table is read at the last of its snapshots with a sequence number at or below
 that one's. The session is a migrated in-memory DuckDB whose projection tables are replaced by views
