@@ -502,7 +502,7 @@ def new_rows(
         f" FROM dead_letters AS t {since_join} WHERE {new}",
         "run_outcomes": f"SELECT {_stored_select('run_outcomes', 'r')}, {run_day} AS lake_day FROM runs AS r"
         " WHERE r.outcome IS NOT NULL AND r.run_id IN (SELECT run_id FROM executions)",
-        "gap_daily": f"SELECT {run_day} AS day, r.tool, r.agent_id, count(*) AS runs,"
+        "gap_daily": "SELECT CAST(timezone('UTC', r.started_at) AS DATE) AS day, r.tool, r.agent_id, count(*) AS runs,"
         " count(*) FILTER (WHERE r.decision = 'execute') AS executes, "
         + ", ".join(f"count(*) FILTER (WHERE r.gap_class = '{c}') AS {c}s" for c in _GAP_CLASSES)
         + f", {run_day} AS lake_day FROM runs AS r {since_join.replace('t.', 'r.')}"
