@@ -312,7 +312,7 @@ class Lake:
     ) -> int:
         from pyiceberg.catalog.sql import IcebergTables
         from pyiceberg.exceptions import CommitFailedException
-        from pyiceberg.expressions import In
+        from pyiceberg.expressions import EqualTo
         from pyiceberg.io.pyarrow import _dataframe_to_data_files
         from pyiceberg.table.update import AssertTableUUID
         from sqlalchemy import update
@@ -338,7 +338,8 @@ class Lake:
             txn = table.transaction()
             if drops:
                 with txn.update_snapshot(snapshot_properties=props).delete() as delete:
-                    delete.delete_by_predicate(In("lake_day", [d.isoformat() for d in drops]))  # type: ignore[call-arg]
+                    for day in drops:
+                        delete.delete_by_predicate(EqualTo(term="lake_day", value=day.isoformat()))
             if name in files:
                 with txn.update_snapshot(snapshot_properties=props).fast_append() as append:
                     for data_file in files[name]:
