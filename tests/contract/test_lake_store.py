@@ -24,10 +24,11 @@ import queries
 from infra.postgres import PostgresServer
 from preflight import MemoryStorage
 from preflight.events import encode_message
-from preflight_audit import scenarios
-from preflight_audit.access import parse_tokens
+from preflight_audit import report, scenarios
+from preflight_audit.access import compliance_rows, parse_tokens
 from preflight_audit.api import create_app
 from preflight_audit.cli import app
+from preflight_audit.keys import erase_user, protector
 from projections import open_database
 from projections.decode import Incoming
 from projections.lake import Lake, new_rows, open_lake
@@ -47,9 +48,9 @@ def catalog_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
         yield f"postgresql+psycopg://postgres@127.0.0.1:{server.port}/postgres"
 
 
-def _plan() -> list[Incoming]:
+def _plan(keys: Path) -> list[Incoming]:
     sink = MessageSink()
-    world = scenarios.World(MemoryStorage(), sink)
+    world = scenarios.World(MemoryStorage(), sink, protector=protector(keys))  # values sealed per user
 
     async def play() -> None:
         for session in scenarios.seed_sessions().values():
@@ -65,9 +66,10 @@ def _plan() -> list[Incoming]:
 
 @pytest.fixture(scope="module")
 def stores(catalog_url: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Lake, dt.datetime]:
-    """The DuckDB file and the lake, each holding the seed's runs; and a moment before the lake's last commit."""
+    """The DuckDB file and the lake, each holding the seed's runs (values sealed with the key store
+    ``keys`` beside the file); and a moment before the lake's last commit."""
     work = tmp_path_factory.mktemp("stores")
-    incoming = _plan()
+    incoming = _plan(work / "keys")
     lake = Lake(catalog_url, work / "lake")
     working = open_database(":memory:")
     since: dict[int, int] = {}
@@ -185,6 +187,43 @@ class TestReadersNameTheSnapshot:
             app, ["query", "gap_rates", "--db", str(file), "--as-of", "2026-01-01T00:00:00Z"], env={"COLUMNS": "200"}
         )
         assert result.exit_code != 0 and "snapshots" in result.output
+
+
+class TestCryptoShredding:
+    def test_erasing_a_user_shreds_their_values_in_every_snapshot_and_rewrites_nothing(
+        self, stores: tuple[Path, Lake, dt.datetime]
+    ) -> None:
+        """Runs last in the module's shared stores: it erases a user's keys."""
+        file, lake, moment = stores
+        keys = file.parent / "keys"
+
+        def provenance(as_of: dt.datetime | None) -> dict[str, list[object]]:
+            con, _ = open_lake(lake, as_of)
+            try:
+                raw = report.json_rows("provenance", queries.run(con, "provenance", action_key=key))
+            finally:
+                con.close()
+            return {"values": [row["value"] for row in compliance_rows("provenance", raw, protector(keys))]}
+
+        con, before = open_lake(lake)
+        try:
+            key, user = con.execute(
+                "SELECT f.action_key, f.user_id FROM field_provenance AS f JOIN runs USING (run_id)"
+                " WHERE f.status = 'known' AND runs.user_id IS NOT NULL ORDER BY f.run_id LIMIT 1"
+            ).fetchone() or (None, None)
+        finally:
+            con.close()
+        assert key is not None and user is not None
+        files = {path: Path(path).read_bytes() for paths in before.files.values() for path in paths}
+        opened = provenance(None)["values"]
+        assert opened and "erased" not in opened
+        erase_user(keys, str(user))
+        for as_of in (None, moment):
+            values = provenance(as_of)["values"]
+            assert values and all(v == "erased" for v in values if v is not None), values
+        _, after = open_lake(lake)
+        assert after.seq == before.seq and after.files == before.files  # no commit, no file added or dropped
+        assert all(Path(path).read_bytes() == data for path, data in files.items())  # nothing rewritten
 
 
 class TestConcurrentCommits:
