@@ -40,7 +40,10 @@ same events (a commit of 65k archive rows: 0.7 s); on 2M events over 30 days, `p
 took 1.6% of a full scan of the archive (293 ms: no index, the key column of every file is read) and one
 day's `gap_rates` 0.14x the scan of that day's runs.
 
-**Limits.** The working database holds its partitions' runs and archived events in memory (the planner's
+**Limits.** A snapshot's time is when its commit was staged, a fraction of a second before it landed:
+an answer as of a moment older than that is stable, one as of the last second may still gain the commit
+in flight. A crashed or lost commit attempt leaves files no snapshot references (Iceberg's orphan-file
+clean-up removes them). The working database holds its partitions' runs and archived events in memory (the planner's
 state: redelivery, outcomes, event-id reuse), seeded from the lake at each start; at scale it would be a
 local file with a bounded window of event ids. Compaction (folding a day's small files) and snapshot
 expiry are left to Iceberg's maintenance tools (Spark, Trino); a day's `gap_daily` keeps one row per
