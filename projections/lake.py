@@ -37,8 +37,8 @@ a subject's key makes them unreadable in every snapshot, nothing rewritten.
 and DuckLake wrote one workload at the same rate here (5.1 and 4.5 commits/s of 20k rows), so the
 environment decided; the lake projector ran at 0.59-0.89x the projector into one DuckDB file over the
 same events (a commit of 65k archive rows: 0.7 s); on 2M events over 30 days, `provenance` for one key
-took 1.6% of a full scan of the archive (293 ms: no index, the key column of every file is read) and one
-day's `gap_rates` 0.14x the scan of that day's runs.
+took 1.6-2.8% of a full scan of the archive (197-293 ms: no index, the key column of every file is read)
+and one day's `gap_rates` 0.07-0.14x the scan of that day's runs.
 
 **Limits.** A snapshot's time is when its commit was staged, a fraction of a second before it landed:
 an answer as of a moment older than that is stable, one as of the last second may still gain the commit
