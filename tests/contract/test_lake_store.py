@@ -205,7 +205,7 @@ class TestCryptoShredding:
                 con.close()
             return {"values": [row["value"] for row in compliance_rows("provenance", raw, protector(keys))]}
 
-        con, before = open_lake(lake)
+        con, _ = open_lake(lake, moment)  # a key the earlier snapshot holds too
         try:
             key, user = con.execute(
                 "SELECT f.action_key, f.user_id FROM field_provenance AS f JOIN runs USING (run_id)"
@@ -214,6 +214,7 @@ class TestCryptoShredding:
         finally:
             con.close()
         assert key is not None and user is not None
+        before = lake.snapshot()
         files = {path: Path(path).read_bytes() for paths in before.files.values() for path in paths}
         opened = provenance(None)["values"]
         assert opened and "erased" not in opened
@@ -221,7 +222,7 @@ class TestCryptoShredding:
         for as_of in (None, moment):
             values = provenance(as_of)["values"]
             assert values and all(v == "erased" for v in values if v is not None), values
-        _, after = open_lake(lake)
+        after = lake.snapshot()
         assert after.seq == before.seq and after.files == before.files  # no commit, no file added or dropped
         assert all(Path(path).read_bytes() == data for path, data in files.items())  # nothing rewritten
 
