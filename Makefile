@@ -111,6 +111,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/console_page.py
 	$(BIN)/python bench/verify.py
 	$(BIN)/python bench/gateway_latency.py
+	$(BIN)/python bench/lake.py
 
 # The public JavaScript reference skeleton that bench/engine.py compares with (never part of the project):
 # its one file at a pinned commit, copied into bench/.cache (git-ignored) from SKELETON_FROM -- a URL

@@ -105,6 +105,12 @@ class Settings(BaseSettings):
     projection: str = Field("preflight-projector", min_length=1, description="the projector's name (consumer group)")
     # ---- files ------------------------------------------------------------------------------------------
     database: Path = Field(Path("var/preflight.duckdb"), description="the projection database (DuckDB file)")
+    lake_catalog: SecretStr | None = Field(
+        None,
+        description="read the projections from the Iceberg lake (projections.lake) whose SQL catalog this"
+        " SQLAlchemy URL names (postgresql+psycopg://user@host/db, sqlite:///path) instead of the DuckDB file",
+    )
+    lake_warehouse: Path = Field(Path("var/lake"), description="the lake's data files (with lake_catalog)")
     data_dir: Path = Field(
         Path("var"),
         description="the data directory: the command line's logs and its fold worker's data (<data_dir>/worker);"
@@ -239,6 +245,14 @@ class Settings(BaseSettings):
         )
 
     # ---- what the settings make -------------------------------------------------------------------------
+
+    def open_lake(self) -> Any:
+        """The Iceberg lake the projections are read from (`projections.lake.Lake`), or None: the DuckDB file."""
+        if self.lake_catalog is None:
+            return None
+        from projections.lake import Lake
+
+        return Lake(self.lake_catalog.get_secret_value(), self.lake_warehouse)
 
     @property
     def embedded(self) -> bool:
