@@ -10,6 +10,8 @@
 * ``GET /gap-rates[?from_day=YYYY-MM-DD][&to_day=...]`` -- instruction-gap vs action-definition-gap
   rates by day, tool and agent (query ``gap_rates``);
 * ``GET /integrity[?action_key=...]`` -- findings that should never exist (query ``integrity``);
+* every query route takes ``as_of`` (ISO 8601 with a zone) when the app reads a lake (`projections.lake`):
+  the answer then comes from the snapshot current at that time, and every answer names its ``snapshot``;
 * ``GET /healthz`` -- 200 once the database opens at the current schema, else 503; answered on the event
   loop, never queued behind the queries in the thread pool, so it answers under load.
 
@@ -66,6 +68,7 @@ from preflight_audit.access import PROTECTION_COLUMN, ROLES, TokenTable, analyst
 from preflight_audit.guard import BODY_TIMEOUT_S, HttpGuard
 from preflight_audit.sessions import FailureLimit, Sessions, TooManyFailures, role_of_token
 from projections import ProjectionError, migrations, open_database
+from projections.lake import Lake, LakeError, open_lake
 
 __all__ = ["ROLES", "Caller", "QueryAnswer", "caller", "create_app", "requires"]
 
@@ -121,6 +124,9 @@ class QueryAnswer(BaseModel):
     count: int = Field(description="how many rows")
     columns: list[str] = Field(description="the column names, in order")
     rows: list[dict[str, Any]] = Field(description="one object per row, keyed by column")
+    snapshot: str | None = Field(
+        None, description="the lake snapshot that answered (with a lake; None: the DuckDB file, which keeps none)"
+    )
 
 
 class Health(BaseModel):
@@ -132,9 +138,10 @@ class _Database:
     """The projection database, opened on first use; a cursor per request. Its answers never name its
     path (the server's log does)."""
 
-    def __init__(self, path: Path, read_only: bool) -> None:
+    def __init__(self, path: Path, read_only: bool, lake: Lake | None = None) -> None:
         self.path = path
         self.read_only = read_only
+        self.lake = lake
         self._con: duckdb.DuckDBPyConnection | None = None
         self._lock = threading.Lock()
 
@@ -144,6 +151,9 @@ class _Database:
 
     def open(self) -> None:
         """Open it, if it is not open yet (503 when it cannot be)."""
+        if self.lake is not None:  # a session per request: just check that the latest snapshot reads
+            self.cursor().close()
+            return
         with self._lock:
             if self._con is not None:
                 return
@@ -156,7 +166,20 @@ class _Database:
                 _log.warning("the projection database %s cannot be opened: %s", self.path, exc)
                 raise HTTPException(status_code=503, detail="the projection database cannot be opened yet") from exc
 
-    def cursor(self) -> duckdb.DuckDBPyConnection:
+    def cursor(self, as_of: dt.datetime | None = None) -> duckdb.DuckDBPyConnection:
+        """A cursor for one request: on the file; or, with a lake, a session on the snapshot current at `as_of`
+        (None: the latest), which the caller closes (its snapshot: `snapshot_of`)."""
+        if self.lake is not None:
+            try:
+                lake_con, snapshot = open_lake(self.lake, as_of)
+            except LakeError as exc:
+                _log.warning("the lake cannot be read: %s", exc)
+                status = 422 if as_of is not None and "no commit at or before" in str(exc) else 503
+                raise HTTPException(status_code=status, detail="the lake has no snapshot to answer from") from exc
+            _SNAPSHOTS[id(lake_con)] = snapshot.describe()
+            return lake_con
+        if as_of is not None:
+            raise HTTPException(status_code=422, detail="as_of reads a lake's snapshots; this database keeps none")
         self.open()
         con = self._con
         if con is None:  # closed meanwhile (the app is stopping)
@@ -170,18 +193,46 @@ class _Database:
                 con.close()
 
 
+#: The snapshot each open lake session reads, by the session's id (removed as the session closes).
+_SNAPSHOTS: dict[int, str] = {}
+
+
+def snapshot_of(con: duckdb.DuckDBPyConnection) -> str | None:
+    """The lake snapshot a request's cursor reads (None: the DuckDB file)."""
+    return _SNAPSHOTS.get(id(con))
+
+
+def as_of_param(request: Request) -> dt.datetime | None:
+    """The request's ``as_of`` (ISO 8601 with a zone): which past snapshot of the lake answers (422 if malformed)."""
+    text = request.query_params.get("as_of")
+    if not text:
+        return None
+    try:
+        moment = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise HTTPException(status_code=422, detail="as_of is not an ISO 8601 time") from None
+    if moment.tzinfo is None:
+        raise HTTPException(status_code=422, detail="as_of needs a time zone (e.g. 2026-12-05T10:00:00Z)")
+    return moment
+
+
 def connection(request: Request, who: Annotated[Caller, Depends(caller)]) -> Iterator[duckdb.DuckDBPyConnection]:
     """A cursor on the app's database for one request -- only once the caller is known (401 first)."""
     database: _Database = request.app.state.database
-    cursor = database.cursor()
+    cursor = database.cursor(as_of_param(request))
     try:
         yield cursor
     finally:
+        _SNAPSHOTS.pop(id(cursor), None)
         cursor.close()
 
 
 Connection = Annotated[duckdb.DuckDBPyConnection, Depends(connection)]
 AnId = Annotated[str | None, Query(min_length=1, max_length=_MAX_ID)]
+AsOf = Annotated[
+    dt.datetime | None,
+    Query(description="with a lake: answer from the snapshot current at this time (ISO 8601 with a zone)"),
+]
 Compliance = Annotated[Caller, Depends(requires("compliance"))]
 Reader = Annotated[Caller, Depends(requires("compliance", "analyst"))]
 
@@ -207,7 +258,7 @@ def _answer(
     if rows and PROTECTION_COLUMN in rows[0] and PROTECTION_COLUMN not in columns:
         columns.append(PROTECTION_COLUMN)
     shown = {k: (v.isoformat() if isinstance(v, dt.date) else v) for k, v in params.items()}
-    return QueryAnswer(query=name, params=shown, count=len(rows), columns=columns, rows=rows)
+    return QueryAnswer(query=name, params=shown, count=len(rows), columns=columns, rows=rows, snapshot=snapshot_of(con))
 
 
 def _narrowed(name: str, **given: str | None) -> dict[str, str | None]:
@@ -225,6 +276,7 @@ def create_app(
     tokens: TokenTable | None = None,
     protector: ValueProtector | None = None,
     ledger_keys: Sequence[Any] = (),
+    lake: Lake | None = None,
     sessions: Sessions | None = None,
     failure_limit: FailureLimit | None = None,
     body_timeout_s: float = BODY_TIMEOUT_S,
@@ -232,11 +284,12 @@ def create_app(
     """The read API over the projection database at `database` (see the module doc), with the console at
     ``/console/`` (`preflight_audit.console`). `tokens`: who may call it (None or empty: nobody but
     ``/healthz``); `protector`: opens values for compliance (None: sealed values answer
-    ``"unreadable"``); `ledger_keys`: the ledger's public keys, for the console's "verify now";
+    ``"unreadable"``); `ledger_keys`: the ledger's public keys, for the console's "verify now"; `lake`: read
+    the projections from this Iceberg lake instead of `database` (every route then takes ``as_of``);
     `sessions`, `failure_limit`: the console's sign-ins and the bound on wrong tokens (defaults of
     `preflight_audit.sessions`). Every request passes `preflight_audit.guard.HttpGuard` first (a request's
     body must arrive within `body_timeout_s`)."""
-    db = _Database(Path(database), read_only)
+    db = _Database(Path(database), read_only, lake)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -287,6 +340,7 @@ def create_app(
         who: Reader,
         action_key: AnId = None,
         run_id: AnId = None,
+        as_of: AsOf = None,
     ) -> QueryAnswer:
         """Each field's value, where the run read it and who supplied it, for an action_key or a run
         (an inherited value traced to the executed run that first supplied it). Compliance: values
@@ -303,6 +357,7 @@ def create_app(
         who: Reader,
         decision_id: AnId = None,
         run_id: AnId = None,
+        as_of: AsOf = None,
     ) -> QueryAnswer:
         """Slot by slot, which party answered or blocked it and which gate decided, for an execute
         decision or a run. Compliance: values opened; analyst: tokens and markers, never a value."""
@@ -318,6 +373,7 @@ def create_app(
         who: Reader,
         from_day: Annotated[dt.date | None, Query(description="first UTC day included")] = None,
         to_day: Annotated[dt.date | None, Query(description="last UTC day included")] = None,
+        as_of: AsOf = None,
     ) -> QueryAnswer:
         """Instruction-gap vs action-definition-gap rates (and the other gap classes) by UTC day, tool
         and agent; the denominator is every run in the group."""
@@ -326,7 +382,7 @@ def create_app(
         return _answer(con, "gap_rates", {"from_day": from_day, "to_day": to_day}, who, protector)
 
     @app.get("/integrity", response_model=QueryAnswer, tags=["compliance"])
-    def integrity(con: Connection, who: Compliance, action_key: AnId = None) -> QueryAnswer:
+    def integrity(con: Connection, who: Compliance, action_key: AnId = None, as_of: AsOf = None) -> QueryAnswer:
         """Findings that should never exist (an executed field without origin, an outcome without an
         execute decision, a broken run chain, ...), for every run or one action_key. An empty answer is
         a clean log."""

@@ -337,6 +337,32 @@ def _open_read_only(path: Path) -> Any:
     return open_database(_existing(path), read_only=True)
 
 
+def _as_of(text: str | None) -> dt.datetime | None:
+    if text is None:
+        return None
+    try:
+        moment = dt.datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise UsageError(f"--as-of {text!r} is not an ISO 8601 time (e.g. 2026-12-05T10:00:00Z)") from None
+    if moment.tzinfo is None:
+        raise UsageError(f"--as-of {text!r} needs a time zone (e.g. 2026-12-05T10:00:00Z)")
+    return moment
+
+
+def _open_store(settings: Settings, as_of: dt.datetime | None) -> tuple[Any, str | None]:
+    """A read-only session on the projections the settings name -- the DuckDB file, or the lake's snapshot
+    current at `as_of` (None: the latest) -- and the snapshot it reads (None for the file)."""
+    lake = settings.open_lake()
+    if lake is None:
+        if as_of is not None:
+            raise UsageError("--as-of reads the lake's snapshots (PREFLIGHT_LAKE_CATALOG); a DuckDB file keeps none")
+        return _open_read_only(settings.database), None
+    from projections.lake import open_lake
+
+    con, snapshot = open_lake(lake, as_of)
+    return con, snapshot.describe()
+
+
 def _list_queries() -> None:
     """Each query: its name and parameters, then its whole description (wrapped, never cut)."""
     out = _out()
@@ -466,6 +492,10 @@ def query(
     key_dir: Annotated[
         Path | None, typer.Option("--key-dir", help="the key store values open with, for --as compliance")
     ] = None,
+    as_of: Annotated[
+        str | None,
+        typer.Option("--as-of", help="answer from the lake's snapshot current at this time (ISO 8601, with zone)"),
+    ] = None,
 ) -> None:
     """Run a named query against the projection database (without a name: list the queries).
 
@@ -489,12 +519,14 @@ def query(
             f"--as compliance opens values with the key store, and {key_dir} is not a directory"
             " (--key-dir, or PREFLIGHT_KEY_DIR; the demo's is demo-out/keys/values)"
         )
-    con = _open_read_only(settings.database)
+    con, snapshot = _open_store(settings, _as_of(as_of))
     try:
         params = _whole_ids(con, params)
         result = queries.run(con, name, **params)
     finally:
         con.close()
+    if snapshot is not None:
+        _err().print(f"answered from the {snapshot}", soft_wrap=True, highlight=False)
     rows = _viewed(name, result, role, settings.key_dir)
     unopened = sum(1 for row in rows if row.get("value_protection") == "unreadable")
     if unopened and key_dir is not None:  # the key store named is the wrong one: print no "unreadable" answer

@@ -21,6 +21,7 @@ import contextlib
 import os
 import signal
 import socket
+from typing import Any
 
 from rich.console import Console
 
@@ -34,6 +35,7 @@ from preflight_audit.services import create_worker_topics, decision_trust
 from preflight_audit.settings import Settings
 from preflight_audit.status import save_serve
 from projections import Projector
+from projections.lake import LakeProjector
 from streams.process import WorkerProcess
 
 __all__ = ["run_serve"]
@@ -116,8 +118,10 @@ async def _run(
     signing: DecisionKey,
     tokens: TokenTable,
 ) -> None:
-    projector = Projector(
-        settings.database,
+    lake = settings.open_lake()
+    make: Any = Projector if lake is None else LakeProjector
+    projector = make(
+        settings.database if lake is None else lake,
         bootstrap,
         settings.events_topic,
         group_id=settings.projection,
@@ -140,7 +144,9 @@ async def _run(
     )
     sock = _bind(settings.api_host, settings.api_port)
     host, port = sock.getsockname()[:2]
-    api = create_app(settings.database, read_only=False, tokens=tokens, protector=protector(settings.key_dir))
+    api = create_app(
+        settings.database, read_only=False, tokens=tokens, protector=protector(settings.key_dir), lake=lake
+    )
     server = api_server(
         api, header_timeout_s=settings.api_header_timeout_s, limit_concurrency=settings.api_limit_concurrency
     )

@@ -103,6 +103,14 @@ class Settings(SettingFields):
 
     # ---- what the settings make -------------------------------------------------------------------------
 
+    def open_lake(self) -> Any:
+        """The Iceberg lake the projections are read from (`projections.lake.Lake`), or None: the DuckDB file."""
+        if self.lake_catalog is None:
+            return None
+        from projections.lake import Lake
+
+        return Lake(self.lake_catalog.get_secret_value(), self.lake_warehouse)
+
     @property
     def embedded(self) -> bool:
         """Whether the broker is one this process starts, memory-only (nothing survives it)."""
@@ -157,6 +165,7 @@ class Settings(SettingFields):
             "session_timeout_s": self.session_timeout_s,
             "profile_path": self.profile,
             "catch_up": self.catch_up,
+            "replication_factor": self.replication_factor,
             "decision_public_keys": tuple(dict.fromkeys((*self.decision_public_key_paths, *decision_public_keys))),
             "decision_leeway_s": self.decision_leeway_s,
         }

@@ -74,6 +74,12 @@ class SettingFields(BaseSettings):
     projection: str = Field("preflight-projector", min_length=1, description="the projector's name (consumer group)")
     # ---- files ------------------------------------------------------------------------------------------
     database: Path = Field(Path("var/preflight.duckdb"), description="the projection database (DuckDB file)")
+    lake_catalog: SecretStr | None = Field(
+        None,
+        description="read the projections from the Iceberg lake (projections.lake) whose SQL catalog this"
+        " SQLAlchemy URL names (postgresql+psycopg://user@host/db, sqlite:///path) instead of the DuckDB file",
+    )
+    lake_warehouse: Path = Field(Path("var/lake"), description="the lake's data files (with lake_catalog)")
     data_dir: Path = Field(
         Path("var"),
         description="the data directory: the command line's logs and its fold worker's data (<data_dir>/worker);"
@@ -120,6 +126,12 @@ class SettingFields(BaseSettings):
     )
     catch_up: bool = Field(
         True, description="the fold worker folds the log's backlog from the log itself at start (benchmarks: off)"
+    )
+    replication_factor: int = Field(
+        1,
+        ge=1,
+        description="the replication factor of the topics the fold worker creates (its changelog, Faust's own);"
+        " 3 on a cluster that must survive losing a broker (infra/README.md)",
     )
     profile: Path | None = Field(None, description="the fold worker profiles its loop into this file (bench/fold.py)")
     group_instance_id: str | None = Field(

@@ -306,6 +306,10 @@ class Projector:
         )
         self._loop: asyncio.AbstractEventLoop | None = None
         self.stats = ProjectorStats()
+        #: Near the log's end, how old the open transaction must be before a batch commits it (0: each batch
+        #: commits at once). A subclass whose commits are dear raises it (`projections.lake.LakeProjector`);
+        #: idle, the open transaction commits at once all the same.
+        self.commit_every_s = 0.0
 
     # ---- lifecycle ------------------------------------------------------------------------------------
 
@@ -742,7 +746,7 @@ class Projector:
         seconds["wait"] += time.perf_counter() - clock
         age = 0.0 if self._open_since is None else time.monotonic() - self._open_since
         commit = (
-            not backlog
+            (not backlog and age >= self.commit_every_s)
             or self._open_events + batch.plan.archived >= self._transaction_events
             or age >= self._max_transaction_s
         )
@@ -1348,7 +1352,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="project the topic into a database until SIGTERM / SIGINT")
-    run.add_argument("--db", required=True, help="the DuckDB file (created and migrated if needed)")
+    run.add_argument("--db", help="the DuckDB file (created and migrated if needed)")
+    run.add_argument(
+        "--lake-catalog",
+        help="instead of --db: the Iceberg lake's SQL catalog, a SQLAlchemy URL (projections.lake)",
+    )
+    run.add_argument("--lake-warehouse", help="with --lake-catalog: the directory of the lake's files")
     run.add_argument("--group", default=DEFAULT_GROUP, help=f"projection name / consumer group ({DEFAULT_GROUP})")
     run.add_argument(
         "--dead-letter-topic", help="where dead letters are also published (default: <topic>.projector.dlq)"
@@ -1397,8 +1406,16 @@ async def _run_command(args: argparse.Namespace, trust: DecisionTrust | None) ->
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    async with Projector(
-        args.db,
+    if (args.db is None) == (args.lake_catalog is None) or (args.lake_catalog is None) != (args.lake_warehouse is None):
+        raise SystemExit("run: give --db FILE, or --lake-catalog URL with --lake-warehouse DIR")
+    target: Any = args.db
+    make: Any = Projector
+    if args.lake_catalog is not None:
+        from projections.lake import Lake, LakeProjector
+
+        target, make = Lake(args.lake_catalog, args.lake_warehouse), LakeProjector
+    async with make(
+        target,
         args.bootstrap,
         args.topic,
         group_id=args.group,

@@ -11,6 +11,7 @@
 --   008_proposal.sql
 --   009_projector_starts.sql
 --   010_answer_origin.sql
+--   013_gap_day_counts.sql
 
 -- table archive
 CREATE TABLE archive (
@@ -240,6 +241,21 @@ SELECT
     pending_at_trigger,
     note
 FROM field_provenance;
+
+-- view gap_day_counts
+CREATE VIEW gap_day_counts AS
+SELECT
+    CAST(timezone('UTC', started_at) AS DATE) AS "day",
+    tool,
+    agent_id,
+    count_star() AS runs,
+    count_star() FILTER (WHERE (decision = 'execute')) AS executes,
+    count_star() FILTER (WHERE (gap_class = 'instruction_gap')) AS instruction_gaps,
+    count_star() FILTER (WHERE (gap_class = 'action_definition_gap')) AS action_definition_gaps,
+    count_star() FILTER (WHERE (gap_class = 'configuration_defect')) AS configuration_defects,
+    count_star() FILTER (WHERE (gap_class = 'unmet_condition')) AS unmet_conditions,
+    count_star() FILTER (WHERE (gap_class = 'internal_error')) AS internal_errors
+FROM runs GROUP BY ALL;
 
 -- index field_provenance_action_key
 CREATE INDEX field_provenance_action_key ON field_provenance(action_key);

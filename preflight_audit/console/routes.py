@@ -159,9 +159,12 @@ Text = Annotated[str | None, Query(max_length=_MAX_TEXT)]
 
 
 def cursor(request: Request, who: Reader) -> Any:
-    """A cursor on the app's database, once the caller is known."""
+    """A cursor on the app's database, once the caller is known (with a lake: on the snapshot ``?as_of=`` names)."""
+    from preflight_audit.api import as_of_param, snapshot_of
+
     database = request.app.state.database
-    con = database.cursor()
+    con = database.cursor(as_of_param(request))
+    request.state.lake_snapshot = snapshot_of(con)
     try:
         yield con
     finally:
@@ -196,6 +199,8 @@ def _run(con: duckdb.DuckDBPyConnection, name: str, **params: Any) -> list[dict[
 
 
 def _page(request: Request, template: str, status: int = 200, **context: Any) -> HTMLResponse:
+    context.setdefault("reads_lake", getattr(request.app.state.database, "lake", None) is not None)
+    context.setdefault("lake_snapshot", getattr(request.state, "lake_snapshot", None))
     return templates.TemplateResponse(request, template, context, status_code=status, headers=_SECURITY_HEADERS)
 
 

@@ -234,7 +234,7 @@ class TestTheApp:
         paths = client.get("/openapi.json").json()["paths"]
         assert set(paths) >= {"/provenance", "/responsibility", "/gap-rates", "/healthz"}
         provenance = {p["name"] for p in paths["/provenance"]["get"]["parameters"]}
-        assert provenance == {"action_key", "run_id"}
+        assert provenance == {"action_key", "run_id", "as_of"}  # as_of: with a lake (projections.lake)
 
     def test_health(self, client: TestClient) -> None:
         response = client.get("/healthz")

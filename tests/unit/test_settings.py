@@ -209,14 +209,16 @@ class TestTheSettingsCommand:
         token = "compliance:a-very-secret-token-0123456789"
         monkeypatch.setenv("PREFLIGHT_API_TOKENS", token)
         monkeypatch.setenv("PREFLIGHT_LEDGER_KEY", "00" * 32)
+        monkeypatch.setenv("PREFLIGHT_LAKE_CATALOG", "postgresql+psycopg://audit:hunter2-secret@db/lake")
         _, rows = explain()
         secrets = {row.name: row for row in rows if row.secret}
-        assert set(secrets) == {"api_tokens", "ledger_key"}
+        assert set(secrets) == {"api_tokens", "ledger_key", "lake_catalog"}
         assert {row.value for row in secrets.values()} == {"********"}
         for output in ("table", "json"):
             result = CliRunner().invoke(app, ["settings", "--format", output], env={"COLUMNS": "300"})
             assert result.exit_code == 0, result.output
             assert "a-very-secret" not in result.output and "0000000000" not in result.output
+            assert "hunter2" not in result.output
             assert "PREFLIGHT_API_TOKENS" in result.output
 
     def test_the_command_lists_the_test_suite_variables_too(self, clean_environment: None) -> None:
