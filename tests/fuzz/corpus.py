@@ -142,7 +142,7 @@ _OTHERS: tuple[Any, ...] = (None, 7, "x", True, [], {})
 
 
 def _empty(value: Any) -> Any:
-    return {str: "", list: [], dict: {}, int: 0, bool: False}.get(type(value), None)
+    return {str: "", list: [], dict: {}, int: 0, bool: False}.get(type(value))
 
 
 def _changes(event: dict[str, Any]) -> Iterator[tuple[str, Callable[[dict[str, Any]], None]]]:
