@@ -367,6 +367,11 @@ def _string_test(schema: Mapping[str, Any]) -> Valid:
     return lambda v: type(v) is str and len(v) >= least
 
 
+#: Members whose form every consumer has proven before the verdict: `event_id` is a UUID (checked with the
+#: model), `hash` matches its content (a lower-case hex digest) and `prev_hash` links to one (the chain).
+_CHAINED: Final = frozenset({"event_id", "hash", "prev_hash"})
+
+
 def _member_checks() -> dict[str, tuple[tuple[str, Valid, Check, str], ...]]:
     """Per event type, each narrowed member's test, its check (which words the defect) and its dead-letter
     code, from the contract's schema."""
@@ -380,7 +385,7 @@ def _member_checks() -> dict[str, tuple[tuple[str, Valid, Check, str], ...]]:
         if "event_type" not in properties:
             continue
         event_type = properties["event_type"]["const"]
-        names = [*CONTRACT_MEMBERS["*"], *CONTRACT_MEMBERS.get(event_type, {})]
+        names = [n for n in (*CONTRACT_MEMBERS["*"], *CONTRACT_MEMBERS.get(event_type, {})) if n not in _CHAINED]
         if event_type == "execution_approved":
             names.append("signature")
         by_type[event_type] = tuple(
