@@ -4,12 +4,12 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv native mcp-servers native-test services browser test test-kafka lint typecheck unit bench demo clean reference-skeleton
+.PHONY: venv native mcp-servers native-test services browser test test-kafka test-cluster lint typecheck unit bench demo clean reference-skeleton
 
 # Real MCP servers from npm that the tests start (the PyPI ones come with the dev extra): installed from the
 # lockfile into tests/servers/node_modules (git-ignored), pinned.
 NODE_SERVERS := tests/servers
-NATIVE_SOURCES := native/Cargo.toml native/Cargo.lock native/pyproject.toml native/src/lib.rs native/preflight_audit_native.pyi
+NATIVE_SOURCES := native/Cargo.toml native/Cargo.lock native/pyproject.toml native/src/lib.rs native/src/jcs.rs native/preflight_audit_native.pyi
 
 $(STAMP): pyproject.toml $(NATIVE_SOURCES) $(NODE_SERVERS)/package-lock.json
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -79,11 +79,16 @@ browser:
 
 # The whole suite: lint, types, then every test (unit, contract, integration on the selected broker).
 test: lint typecheck native-test services browser
-	$(BIN)/pytest -q; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$rc
+	$(BIN)/pytest -q -m "not cluster"; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 # The integration suite again, on an Apache Kafka broker assembled from Maven Central (CI tier).
 test-kafka: $(STAMP) services browser
 	PREFLIGHT_BROKER=kafka $(BIN)/pytest -q -m integration; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$rc
+
+# Three Apache Kafka brokers (KRaft, replication factor 3, min.insync.replicas 2) that lose two nodes
+# mid-stream: nothing acknowledged is lost or repeated (tests/reliability/test_broker_loss.py; a few minutes).
+test-cluster: $(STAMP) services
+	$(BIN)/pytest -q -m cluster tests/reliability; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 # The whole system once on this machine: broker, worker, projector, agent sessions, the audit (see README).
 demo: $(STAMP)

@@ -164,6 +164,22 @@ async def raw_consume(bootstrap: str, topic: str, ends: dict[int, int], decode: 
         await consumer.stop()
 
 
+async def topic_bytes(bootstrap: str, topic: str, partitions: int) -> tuple[int, int]:
+    """(records, bytes of their keys and values) in the whole of `topic`: what the broker carried for it."""
+    reader = Backfill(bootstrap, topic, timeout_s=600.0)
+    records = size = 0
+    try:
+        ends = await reader.end_offsets(partitions)
+        for partition, end in sorted(ends.items()):
+            for item in await reader.read(partition, 0, end):
+                if isinstance(item, Incoming):
+                    records += 1
+                    size += len(item.key or b"") + len(item.value or b"")
+    finally:
+        await reader.close()
+    return records, size
+
+
 def pure_fold(topic: str, messages: Sequence[tuple[bytes, bytes]], partitions: int) -> float:
     """Seconds to fold `messages` with `fold_partition` in memory (state per key in a dict)."""
     states: dict[str, Any] = {}
@@ -245,7 +261,14 @@ async def run_worker(
             profile_text = out.getvalue()
             if args.profile_out is not None:
                 shutil.copyfile(profile_path, args.profile_out)
-        return {"status": status, "wall": wall, "cpu": cpu, "totals": totals, "profile": profile_text}
+        return {
+            "status": status,
+            "wall": wall,
+            "cpu": cpu,
+            "totals": totals,
+            "profile": profile_text,
+            "changelog_topic": settings.changelog_topic,
+        }
     finally:
         worker.stop()
         if args.keep_log:
@@ -353,6 +376,13 @@ async def bench(args: argparse.Namespace) -> None:
             f" {raw_cpu / worker_cpu:.2f}x raw's (the rate ratio if both had a core to themselves)"
         )
         print(f"fold totals: {totals['states']}")
+        event_bytes = sum(len(k) + len(v) for k, v in messages)
+        records, changelog_bytes = await topic_bytes(bootstrap, result["changelog_topic"], args.partitions)
+        print(
+            f"changelog bytes per event byte: {changelog_bytes / event_bytes:.2f} (target <= 1.5; the changelog"
+            f" {records:,} records, {changelog_bytes:,} bytes of keys and values; the events {len(messages):,}"
+            f" messages, {event_bytes:,} bytes)"
+        )
         floor_s = await asyncio.to_thread(
             faust_floor, bootstrap, topic, args.partitions, len(messages), workdir, args.timeout
         )
@@ -360,8 +390,9 @@ async def bench(args: argparse.Namespace) -> None:
         print(
             f"(iv)  bare Faust agent (take_events, count only; bench/faust_floor.py): {floor_rate:,.0f} events/s"
             f" ({len(messages) / floor_s:,.0f} messages/s) = {floor_rate / raw_rate:.2f}x raw: the ceiling of any"
-            f" Faust worker on this topic; the fold reaches {fold_rate / floor_rate:.2f}x of it"
+            f" Faust worker on this topic"
         )
+        print(f"fold / bare Faust agent: {fold_rate / floor_rate:.2f}x (target >= 0.5x)")
         if args.catch_up:
             caught = await run_worker(bootstrap, topic, args.partitions, ends, workdir, args, catch_up=True)
             since = caught["status"]["since_start"]

@@ -14,7 +14,7 @@ and, measured in the same run, the time a bare aiokafka consumer takes to read t
 topic (every record, no decoding): the floor of any restore from it. The figure is (i) over that.
 
     python bench/worker_start.py [--events 100000] [--keys 2000] [--partitions 2] [--restarts 3]
-                                 [--stop kill|term] [--session-timeout 10]
+                                 [--stop kill|term] [--session-timeout 10] [--batch-size 5000]
 """
 
 from __future__ import annotations
@@ -95,6 +95,7 @@ async def bench(args: argparse.Namespace) -> None:
             web_port=_free_port(),
             data_dir=workdir / "worker-data",
             session_timeout_s=args.session_timeout,
+            batch_size=args.batch_size,
         )
         await create_topics(bootstrap, [topic, settings.changelog_topic], args.partitions)
         await create_topics(bootstrap, [settings.dlq_topic], 1)
@@ -143,6 +144,9 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=100_000, help="events folded before the restarts")
     parser.add_argument("--keys", type=int, default=2_000, help="distinct action_keys")
     parser.add_argument("--partitions", type=int, default=2, help="partitions of the events topic")
+    parser.add_argument(
+        "--batch-size", type=int, default=5_000, help="the worker's batch bound (1: every message its own batch)"
+    )
     parser.add_argument("--restarts", type=int, default=3, help="how many times the worker is ended and started")
     parser.add_argument("--stop", choices=("kill", "term"), default="kill", help="SIGKILL (default) or SIGTERM")
     parser.add_argument(

@@ -21,6 +21,8 @@ import sys
 import tempfile
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Self
@@ -160,12 +162,31 @@ def new_cluster_id() -> str:
             return text
 
 
-def server_properties(*, broker_port: int, controller_port: int, log_dirs: Path) -> str:
-    """The KRaft ``server.properties`` of a single combined broker+controller node on loopback."""
+@dataclass(frozen=True)
+class ClusterRole:
+    """A node's place in a cluster of combined broker+controller nodes (`KafkaCluster`): its id, every
+    controller (the quorum's voters, ``id@host:port``), the cluster id its storage is formatted with, and
+    the replication the cluster's topics get."""
+
+    node_id: int
+    voters: str
+    cluster_id: str
+    replication_factor: int
+    min_insync_replicas: int
+
+
+def server_properties(
+    *, broker_port: int, controller_port: int, log_dirs: Path, role: ClusterRole | None = None
+) -> str:
+    """The KRaft ``server.properties`` of a combined broker+controller node on loopback: a cluster of one,
+    or a node of `role`'s cluster (its topics replicated `role.replication_factor` times by default, a
+    write acknowledged by `acks=all` only once `role.min_insync_replicas` replicas hold it)."""
+    replicas = str(role.replication_factor) if role is not None else "1"
+    min_isr = str(role.min_insync_replicas) if role is not None else "1"
     settings = {
         "process.roles": "broker,controller",
-        "node.id": "1",
-        "controller.quorum.voters": f"1@{LOOPBACK}:{controller_port}",
+        "node.id": str(role.node_id) if role is not None else "1",
+        "controller.quorum.voters": role.voters if role is not None else f"1@{LOOPBACK}:{controller_port}",
         "listeners": f"PLAINTEXT://{LOOPBACK}:{broker_port},CONTROLLER://{LOOPBACK}:{controller_port}",
         "advertised.listeners": f"PLAINTEXT://{LOOPBACK}:{broker_port}",
         "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
@@ -173,16 +194,18 @@ def server_properties(*, broker_port: int, controller_port: int, log_dirs: Path)
         "inter.broker.listener.name": "PLAINTEXT",
         "log.dirs": str(log_dirs),
         "num.partitions": "1",
-        "default.replication.factor": "1",
-        "min.insync.replicas": "1",
+        "default.replication.factor": replicas,
+        "min.insync.replicas": min_isr,
         "auto.create.topics.enable": "false",
-        "offsets.topic.replication.factor": "1",
+        "offsets.topic.replication.factor": replicas,
         "offsets.topic.num.partitions": "1",
-        "transaction.state.log.replication.factor": "1",
-        "transaction.state.log.min.isr": "1",
+        "transaction.state.log.replication.factor": replicas,
+        "transaction.state.log.min.isr": min_isr,
         "transaction.state.log.num.partitions": "1",
-        "share.coordinator.state.topic.replication.factor": "1",
-        "share.coordinator.state.topic.min.isr": "1",
+        "share.coordinator.state.topic.replication.factor": replicas,
+        "share.coordinator.state.topic.min.isr": min_isr,
+        # Never elect a replica that missed acknowledged writes (Kafka's default, stated: a deployment relies on it).
+        "unclean.leader.election.enable": "false",
         "group.initial.rebalance.delay.ms": "0",
         # Two cores: keep the thread pools small.
         "num.network.threads": "2",
@@ -212,7 +235,10 @@ class ApacheKafkaBroker:
         start_timeout: float = 90.0,
         stop_timeout: float = 30.0,
         fetch_timeout: float = 900.0,
+        role: ClusterRole | None = None,
+        ports: tuple[int, int] | None = None,
     ) -> None:
+        self._role = role
         self._given_data_dir = data_dir
         self._lib_dir = lib_dir
         self._heap = heap
@@ -220,7 +246,8 @@ class ApacheKafkaBroker:
         self._stop_timeout = stop_timeout
         self._fetch_timeout = fetch_timeout
         self._data_dir: Path | None = None
-        self._ports: tuple[int, int] | None = None
+        #: (client port, controller port); given for a cluster's node, whose peers must know them first.
+        self._ports: tuple[int, int] | None = ports
         self._process: LoggedProcess | None = None
 
     @property
@@ -237,6 +264,16 @@ class ApacheKafkaBroker:
         if self._process is None or self._ports is None:
             raise BrokerStateError("the Apache Kafka broker is not started")
         return f"{LOOPBACK}:{self._ports[0]}"
+
+    @property
+    def client_port(self) -> int:
+        """The port of the client listener (kept across `halt`/`start`).
+
+        :raises BrokerStateError: when no port was chosen yet.
+        """
+        if self._ports is None:
+            raise BrokerStateError("the Apache Kafka broker has no port yet")
+        return self._ports[0]
 
     @property
     def pid(self) -> int | None:
@@ -297,7 +334,9 @@ class ApacheKafkaBroker:
         log_dirs = data_dir / "kraft"
         properties = data_dir / "server.properties"
         log4j = data_dir / "log4j2.xml"
-        properties.write_text(server_properties(broker_port=ports[0], controller_port=ports[1], log_dirs=log_dirs))
+        properties.write_text(
+            server_properties(broker_port=ports[0], controller_port=ports[1], log_dirs=log_dirs, role=self._role)
+        )
         log4j.write_text(_LOG4J2_XML)
         # Java expands the "lib/*" class path itself: no shell is involved.
         jvm_options = [f"-Dlog4j2.configurationFile={log4j}", "-Djava.awt.headless=true", "-cp", str(lib_dir / "*")]
@@ -335,7 +374,7 @@ class ApacheKafkaBroker:
             "kafka.tools.StorageTool",
             "format",
             "--cluster-id",
-            new_cluster_id(),
+            self._role.cluster_id if self._role is not None else new_cluster_id(),
             "--config",
             str(properties),
         ]
@@ -363,7 +402,8 @@ class ApacheKafkaBroker:
             self._stop_process()
         finally:
             self._forget_data_dir()
-            self._ports = None
+            if self._role is None:
+                self._ports = None
             untrack(self)
 
     def halt(self, *, hard: bool = False) -> None:
@@ -412,6 +452,102 @@ class ApacheKafkaBroker:
     def __repr__(self) -> str:
         where = f"{LOOPBACK}:{self._ports[0]}" if self._ports is not None else "stopped"
         return f"ApacheKafkaBroker({where})"
+
+
+class KafkaCluster:
+    """``size`` Apache Kafka KRaft nodes on loopback, each a broker and a controller, forming one cluster:
+    topics replicated ``replication_factor`` times by default, ``min_insync_replicas`` for an `acks=all`
+    write. Nodes start together (a quorum needs a majority of its controllers up before any node answers)
+    and can be stopped or SIGKILLed one by one (`ApacheKafkaBroker.halt`) and started again.
+    """
+
+    def __init__(
+        self,
+        base_dir: Path | None = None,
+        *,
+        size: int = 3,
+        replication_factor: int = 3,
+        min_insync_replicas: int = 2,
+        heap: str = "384m",
+        start_timeout: float = 120.0,
+    ) -> None:
+        self._base_dir = base_dir
+        self._temporary: Path | None = None
+        self._size = size
+        self._replication = (replication_factor, min_insync_replicas)
+        self._heap = heap
+        self._start_timeout = start_timeout
+        self.nodes: list[ApacheKafkaBroker] = []
+
+    @property
+    def bootstrap_servers(self) -> str:
+        """Every node's client address, comma-separated (a client finds the cluster from any live one)."""
+        return ",".join(f"{LOOPBACK}:{port}" for port in self.client_ports)
+
+    @property
+    def client_ports(self) -> list[int]:
+        if not self.nodes:
+            raise BrokerStateError("the cluster is not started")
+        return [node.client_port for node in self.nodes]
+
+    def node(self, node_id: int) -> ApacheKafkaBroker:
+        """The node with this `node.id` (1..size)."""
+        return self.nodes[node_id - 1]
+
+    def start(self) -> Self:
+        """Fetch the jars if needed and start every node at once; return when each answers.
+
+        :raises BrokerStartError: when a node exits or does not answer within ``start_timeout``.
+        """
+        if self.nodes:
+            return self
+        ensure_kafka_jars()
+        base = self._base_dir
+        if base is None:
+            base = self._temporary = Path(tempfile.mkdtemp(prefix="preflight-kafka-cluster-"))
+        ports = [(free_port(), free_port()) for _ in range(self._size)]
+        voters = ",".join(f"{i}@{LOOPBACK}:{controller}" for i, (_, controller) in enumerate(ports, start=1))
+        cluster_id = new_cluster_id()
+        self.nodes = [
+            ApacheKafkaBroker(
+                base / f"node-{i}",
+                heap=self._heap,
+                start_timeout=self._start_timeout,
+                role=ClusterRole(i, voters, cluster_id, *self._replication),
+                ports=node_ports,
+            )
+            for i, node_ports in enumerate(ports, start=1)
+        ]
+        try:
+            with ThreadPoolExecutor(max_workers=self._size) as pool:
+                for started in [pool.submit(node.start) for node in self.nodes]:
+                    started.result()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        """Stop every node (SIGTERM, then SIGKILL) and remove a temporary base directory."""
+        try:
+            with ThreadPoolExecutor(max_workers=max(1, len(self.nodes))) as pool:
+                list(pool.map(lambda node: node.stop(), self.nodes))
+        finally:
+            self.nodes = []
+            if self._temporary is not None:
+                shutil.rmtree(self._temporary, ignore_errors=True)
+                self._temporary = None
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -35,3 +35,7 @@ def canonical_texts(message: bytes, columns: ArchiveColumns | None = None) -> li
     event_id spells a UUID and its hash (64 lower-case hex digits) matches; else None: the caller judges
     the message itself. With `columns`, the events' archive rows are appended to them (none where a value
     cannot be read as its column wants it: the caller then pushes them)."""
+
+def jcs(value: Any) -> bytes | None:
+    """The RFC 8785 bytes of `value` if it is made only of dicts with str keys, lists, str, 64-bit int, bool
+    and None (exact types, nested at most 128 deep); else None: the caller writes it exactly."""

@@ -32,9 +32,10 @@ the schema does not declare but allows is a leaf like any other, with an empty s
 
 from __future__ import annotations
 
+import functools
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from preflight.events import canonical_json
@@ -65,6 +66,8 @@ MAX_SCHEMA_BYTES = 1_000_000
 MAX_REF_HOPS = 32
 #: How many schemas' validators are kept compiled (keyed by the schema's canonical JSON).
 VALIDATOR_CACHE = 256
+#: How many leaves' compiled validators a schema keeps.
+LEAF_VALIDATOR_CACHE = 1024
 
 ArgumentsErrorKind = Literal[
     "schema_invalid",
@@ -167,6 +170,28 @@ class Leaf:
 class _Compiled:
     validator: Any
     resolver: Any
+    #: The compiled validator (`jsonschema-rs`) of the whole schema, or None where `compiled_validator`
+    #: declines it: its "valid" skips `validator`, whose errors (and so every reason recorded) stay the word.
+    fast: Any = None
+    #: Compiled validators of the leaves' schemas, by leaf name (a leaf's schema is a function of the
+    #: schema and its pointer): (the schema it was compiled from, the validator or None).
+    leaves: dict[str, tuple[Mapping[str, Any], Any]] = field(default_factory=dict)
+
+    def leaf_validator(self, leaf: Leaf) -> Any:
+        """The compiled validator of `leaf`'s schema, as `jsonschema` reads it (with the root's draft), or
+        None: no compiled root, a leaf holding a reference keyword (`$ref`, `$dynamicRef`, `$recursiveRef`:
+        `jsonschema` resolves it against the root) or naming its own `$schema`."""
+        kept = self.leaves.get(leaf.name)
+        if kept is not None and kept[0] == leaf.schema:
+            return kept[1]
+        fast = None
+        if self.fast is not None and "$schema" not in leaf.schema and not _refers(leaf.schema):
+            fast = compiled_validator(
+                {**leaf.schema, "$schema": self.validator.META_SCHEMA["$schema"]}, self.validator.FORMAT_CHECKER
+            )
+        if len(self.leaves) < LEAF_VALIDATOR_CACHE:  # bounded: a schema open to any argument has any names
+            self.leaves[leaf.name] = (leaf.schema, fast)
+        return fast
 
 
 @dataclass(frozen=True)
@@ -179,13 +204,18 @@ class CallPlan:
 
     def leaf_violation(self, leaf: Leaf, value: Any) -> str | None:
         """Why `value` does not satisfy `leaf`'s schema (None if it does)."""
+        if _fast_valid(self.compiled.leaf_validator(leaf), value):
+            return None
         errors = list(self._errors(leaf.schema, value))
         return _describe(errors[0]) if errors else None
 
     def call_violations(self, values: Mapping[str, Any]) -> list[tuple[str, str]]:
         """The whole call's violations as (pointer of the value at fault, reason), every leaf known."""
+        call = assemble(values)
+        if _fast_valid(self.compiled.fast, call):
+            return []
         found = []
-        for error in self.compiled.validator.iter_errors(assemble(values)):
+        for error in self.compiled.validator.iter_errors(call):
             path = "".join("/" + _escape(str(p)) for p in error.absolute_path)
             found.append((path, _describe(error)))
         return found
@@ -242,11 +272,79 @@ def _compile(schema: Mapping[str, Any]) -> _Compiled:
         except referencing.exceptions.Unresolvable as exc:
             raise ArgumentsError("schema_unresolvable", f"$ref {ref!r:.120} points nowhere in the schema") from exc
     validator = cls(schema, registry=registry, format_checker=cls.FORMAT_CHECKER)
-    compiled = _Compiled(validator, resolver)
+    compiled = _Compiled(validator, resolver, compiled_validator(schema, cls.FORMAT_CHECKER))
     _CACHE[text] = compiled
     while len(_CACHE) > VALIDATOR_CACHE:
         _CACHE.popitem(last=False)
     return compiled
+
+
+#: The drafts whose `$schema` the compiled validator is given: those `jsonschema` picks for them too.
+_COMPILED_DRAFTS = (
+    "https://json-schema.org/draft/2020-12/schema",
+    "http://json-schema.org/draft-07/schema",
+    "https://json-schema.org/draft/2019-09/schema",
+    "http://json-schema.org/draft-06/schema",
+    "http://json-schema.org/draft-04/schema",
+)
+
+
+def compiled_validator(schema: Mapping[str, Any], format_checker: Any) -> Any:
+    """A compiled validator (`jsonschema_rs`) giving `jsonschema`'s verdict on `schema`, or None where it
+    cannot be trusted to (then `jsonschema` alone checks the call):
+
+    - a ``$schema`` of another draft than 4, 6, 7, 2019-09 or 2020-12 (draft 3, or a custom meta-schema:
+      the two libraries would pick different rules);
+    - a schema that it does not compile (a pattern its regex engine reads otherwise, say);
+    - `jsonschema_rs` not installed.
+
+    Formats are checked by `jsonschema`'s own checkers (`format_checker`, handed to it as custom formats),
+    so a format means the same to both; a format only the compiled one knows can only make it stricter,
+    and where it says "invalid" `jsonschema` decides. Patterns are read by its ECMA-262 regex engine
+    (fancy-regex), `jsonschema` by Python's `re`; the property test over the real tool corpus
+    (`tests/unit/test_compiled_schema_check.py`) holds the verdicts equal."""
+    declared = schema.get("$schema")
+    if declared is not None and (not isinstance(declared, str) or declared.rstrip("#") not in _COMPILED_DRAFTS):
+        return None
+    try:
+        import jsonschema_rs
+    except ImportError:  # pragma: no cover - a dependency of the package
+        return None
+    formats: dict[str, Callable[..., bool]] = {
+        str(name): functools.partial(_conforms, format_checker, name) for name in format_checker.checkers
+    }
+    try:
+        return jsonschema_rs.validator_for(dict(schema), formats=formats, validate_formats=True)
+    except Exception:  # any refusal to compile means: not this one, jsonschema checks alone
+        return None
+
+
+def _conforms(checker: Any, name: str, value: Any) -> bool:
+    return bool(checker.conforms(value, name))
+
+
+def _fast_valid(fast: Any, value: Any) -> bool:
+    """True if the compiled validator `fast` says `value` is valid (False: no validator, "invalid", or it
+    cannot read the value -- an integer beyond 64 bits, say -- and `jsonschema` decides)."""
+    if fast is None:
+        return False
+    try:
+        return bool(fast.is_valid(value))
+    except Exception:  # a value it cannot take is decided by jsonschema
+        return False
+
+
+_REFERRING = ("$ref", "$dynamicRef", "$recursiveRef")
+
+
+def _refers(node: Any) -> bool:
+    """True if `node` holds a reference keyword anywhere: resolved against the root by `jsonschema`, so
+    not compiled alone."""
+    if isinstance(node, Mapping):
+        return any(k in node for k in _REFERRING) or any(_refers(v) for v in node.values())
+    if isinstance(node, list):
+        return any(_refers(v) for v in node)
+    return False
 
 
 def _refs(node: Any) -> Iterator[str]:

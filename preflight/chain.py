@@ -29,13 +29,19 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import orjson
 
 from preflight.errors import ChainError
+
+_native_jcs: Callable[[Any], bytes | None] | None
+try:  # the compiled writer of `native/`, where it is built (see `jcs`)
+    from preflight_audit_native import jcs as _native_jcs
+except ImportError:  # pragma: no cover - a machine without the Rust toolchain
+    _native_jcs = None
 
 __all__ = [
     "GENESIS_HASH",
@@ -72,7 +78,13 @@ def canonical_json(data: Any) -> bytes:
 
     orjson writes the same bytes for strings, booleans, null and 64-bit integers (keys by code point, the
     same escapes) about ten times faster than the standard library (bench/README.md, engine); anything
-    else (`_plain`) is written by `json.dumps`."""
+    else (`_plain`) is written by `json.dumps`. The compiled writer of `native/` (see `jcs`) writes the same
+    bytes again where they hold no character from U+E000 up: then every key sorts alike by code point and
+    by UTF-16, and the two forms escape and write strings and 64-bit integers alike."""
+    if _native_jcs is not None:
+        out = _native_jcs(data)
+        if out is not None and (out.isascii() or _HIGH_BYTES.search(out) is None):
+            return out
     if _plain(data, _INT64):
         try:
             return orjson.dumps(data, option=orjson.OPT_SORT_KEYS)
@@ -87,9 +99,10 @@ _INT64 = 2**63 - 1
 _HIGH_BYTES = re.compile(rb"[\xee-\xf4]")
 
 
-def _plain(data: Any, limit: int) -> bool:
+def _plain(data: Any, limit: int, *, keys_checked: bool = False) -> bool:
     """True if `data` holds only dicts with str keys, lists, str, bool, None and ints within +-`limit`:
-    values both canonical forms and orjson spell alike (exact types: a subclass is not plain)."""
+    values both canonical forms and orjson spell alike (exact types: a subclass is not plain). With
+    `keys_checked`, each dict's keys must also sort alike by code point and by UTF-16 (`_orders_agree`)."""
     stack = [data]
     pop, push = stack.pop, stack.append
     while stack:
@@ -102,6 +115,8 @@ def _plain(data: Any, limit: int) -> bool:
                 if type(key) is not str:
                     return False
                 push(item)
+            if keys_checked and not _orders_agree(value):
+                return False
         elif kind is list:
             stack.extend(value)
         elif kind is int:
@@ -125,21 +140,47 @@ def jcs(data: Any) -> bytes:
     in full, as `canonical_json` writes it -- an event holding one verifies with a parser that keeps big
     integers (Python's, Go's json.Number, JavaScript's JSON.parse with a reviver), not with plain doubles.
 
-    For `_plain` data without a character from U+E000 up -- every event whose values are strings and
-    integers -- RFC 8785's bytes are orjson's sorted bytes (strings are escaped as ECMAScript does,
-    keys sorted by code point agree with UTF-16 order below U+E000); the exact writer (`_jcs`) takes the
-    others (floats, other integers, such keys). Tests hold both to the `rfc8785` package."""
-    if _plain(data, _INT64):
+    Three writers, one result (tests hold each to the `rfc8785` package and to each other):
+
+    - the compiled writer of `native/` (`preflight_audit_native.jcs`), where it is installed: it writes
+      dicts with str keys, lists, str, 64-bit int, bool and None of their exact types, keys sorted by
+      UTF-16 code units, and answers None for anything else;
+    - orjson's sorted bytes, for `_plain` data whose keys `_orders_agree`: orjson escapes strings as
+      ECMAScript does and writes 64-bit integers in full; it sorts keys by code point, which is RFC 8785's
+      UTF-16 order for every pair of keys but one whose first differing characters are one from
+      U+E000-U+FFFF and one from U+10000 up (the latter's surrogates sort below U+E000);
+    - the exact writer (`_jcs`) for the rest: floats, larger integers, tuples, subclasses, such keys."""
+    if _native_jcs is not None:
+        out = _native_jcs(data)
+        if out is not None:
+            return out
+    if _plain(data, _INT64, keys_checked=True):
         try:
-            out = orjson.dumps(data, option=orjson.OPT_SORT_KEYS)
+            return orjson.dumps(data, option=orjson.OPT_SORT_KEYS)
         except TypeError:  # a lone surrogate: the exact writer names it
             pass
-        else:
-            if out.isascii() or _HIGH_BYTES.search(out) is None:
-                return out
     parts: list[str] = []
     _jcs(data, parts)
     return "".join(parts).encode()
+
+
+def _orders_agree(keys: Iterable[str]) -> bool:
+    """True if sorting `keys` (one object's) by code point gives RFC 8785's order, by UTF-16 code units:
+    unless some key holds a character from U+10000 up and some key one from U+E000-U+FFFF, every pair of
+    keys compares alike both ways (see `jcs`). A sufficient test, exact for keys below U+E000."""
+    supplementary = bmp_high = False
+    for key in keys:
+        if key.isascii():
+            continue
+        top = max(map(ord, key))
+        if top >= 0x10000:
+            supplementary = True
+            bmp_high = bmp_high or any(0xE000 <= ord(c) <= 0xFFFF for c in key)
+        elif top >= 0xE000:
+            bmp_high = True
+        if supplementary and bmp_high:
+            return False
+    return True
 
 
 def _jcs(value: Any, out: list[str]) -> None:

@@ -1,6 +1,8 @@
 """From a decided run to its events, and from events back to the record (SPEC §5).
 
-`run_events` turns a run's trace into its ordered, hash-chained events; `rebuild_record` is the pure
+`run_events` seals a run's trace -- the events of the steps the decision path took, in its order
+(`preflight.engine.Trace`) -- into its hash-chained events and closes the run from its record (the
+gate, deferral or approval, then `run_closed`); `rebuild_record` is the pure
 inverse the archive relies on: a run's record must be rebuildable exactly from its events. The two
 are written independently so that a test comparing them means something.
 """
@@ -105,20 +107,8 @@ def run_events(
     from preflight.records import RECORD_SCHEMA_VERSION
 
     chain.add("run_started", record_schema_version=RECORD_SCHEMA_VERSION, **trace.started)
-    if trace.fixed is not None:
-        chain.add("fixed_checklist_resolved", fixed=trace.fixed, issues=trace.fixed_issues)
-    if trace.tool_match is not None:
-        chain.add("tool_match_decided", **trace.tool_match)
-    for resolved in trace.fields:
-        chain.add(
-            "field_resolved",
-            field=resolved.field.model_dump(mode="json"),
-            evidence=resolved.evidence.as_json(),
-        )
-    for index, item in trace.checklist:
-        chain.add("checklist_item_verified", index=index, item=item)
-    if trace.admission is not None:
-        chain.add("admission_assessed", **trace.admission)
+    for event_type, payload in trace.steps:  # the steps the decision path took, in its order
+        chain.add(event_type, **payload)
 
     gate_json = record.gate.model_dump(mode="json") if record.gate is not None else None
     decision_id: str | None = None

@@ -60,19 +60,22 @@ Clock = Callable[[], str]
 
 @dataclass
 class Trace:
-    """Every step a run took, in order, with the evidence the record itself does not carry."""
+    """Every step a run took, in order, with the evidence the record itself does not carry.
+
+    `started` is the `run_started` payload; `steps` the event of each step the run took after it, in the
+    order it took them (`took`): the decision path is the one place that says which events a run has and
+    in what order, and `preflight.emit` seals them as they are, then closes the run from its record."""
 
     started: dict[str, Any]
-    fixed: dict[str, Any] | None = None
-    fixed_issues: list[dict[str, Any]] = field(default_factory=list)
-    tool_match: dict[str, Any] | None = None
-    fields: list[Resolved] = field(default_factory=list)
-    checklist: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
+    steps: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     gate_name: GateName | None = None
     gap_class: GapClass | None = None
     deferred_pending: list[str] = field(default_factory=list)
     arguments: dict[str, Any] | None = None
-    admission: dict[str, Any] | None = None
+
+    def took(self, event_type: str, **payload: Any) -> None:
+        """The run took a step whose event is `event_type` with `payload`."""
+        self.steps.append((event_type, payload))
 
 
 @dataclass(frozen=True)
@@ -419,6 +422,7 @@ class _Run:
         self.advisory = ""
         self.ctx: LookupContext | None = None
         self.fields: list[FieldRecord] = []
+        self.resolved: list[Resolved] = []
         self.verified: list[Any] = []
 
     def record(self, **values: Any) -> ExecutionRecord:
@@ -459,7 +463,7 @@ class _Run:
     # Step 1: settle the fixed checklist; the intent gate.
     async def settle_fixed_checklist(self) -> Decided | None:
         self.fixed_values, issues = await _settle_fixed(self.hooks, self.inp)
-        self.trace.fixed, self.trace.fixed_issues = self.fixed_values, issues
+        self.trace.took("fixed_checklist_resolved", fixed=self.fixed_values, issues=issues)
         blocking = [i for i in issues if i["code"] != "rescued_by_fallback"]
         if not blocking:
             # Step 4, computed here (it needs only C1) and recorded from here on: the phase.
@@ -513,14 +517,10 @@ class _Run:
         approved = approved_raw is True and isinstance(reason_raw, str)
         reason = reason_raw if isinstance(reason_raw, str) else "hook did not return {approved, reason}"
         self.fixed = Fixed.model_validate({**self.fixed_values, "c3_match": C3Match(approved=approved, reason=reason)})
-        self.trace.tool_match = {
-            "tool_name": inp.tool.name,
-            "approved": approved,
-            "reason": reason,
-            "phase": self.phase,
-        }
+        tool_match = {"tool_name": inp.tool.name, "approved": approved, "reason": reason, "phase": self.phase}
         if self.readable_action_key is not None:
-            self.trace.tool_match["readable_action_key"] = self.readable_action_key
+            tool_match["readable_action_key"] = self.readable_action_key
+        self.trace.took("tool_match_decided", **tool_match)
         if approved:
             return None
         attempt = self.tool_attempt
@@ -640,28 +640,30 @@ class _Run:
         baseline = BaselineReader(inp.prior_execution_state, inp.prior_state_given, lambda: self.load_baseline(key))
         for leaf in plan.leaves:
             check = functools.partial(plan.leaf_violation, leaf)
-            self.trace.fields.append(await settle_field(leaf.name, self.ctx, self.hooks, baseline, self.clock(), check))
+            self.resolved.append(await settle_field(leaf.name, self.ctx, self.hooks, baseline, self.clock(), check))
         self.check_the_call()
         if inp.proposed_arguments is not None:
-            self.trace.fields = [
-                _with_proposal(r, leaf) for r, leaf in zip(self.trace.fields, plan.leaves, strict=True)
-            ]
-        self.fields = [r.field for r in self.trace.fields]
+            self.resolved = [_with_proposal(r, leaf) for r, leaf in zip(self.resolved, plan.leaves, strict=True)]
+        for resolved in self.resolved:
+            self.trace.took(
+                "field_resolved", field=resolved.field.model_dump(mode="json"), evidence=resolved.evidence.as_json()
+            )
+        self.fields = [r.field for r in self.resolved]
         return None
 
     def check_the_call(self) -> None:
         """Every leaf known: the assembled call against the whole schema; a violation turns the leaves under
         its path unknown, with the reason."""
-        settled = [r.field for r in self.trace.fields]
+        settled = [r.field for r in self.resolved]
         if not settled or any(f.status != "known" for f in settled):
             return
         problems = self.plan.call_violations({f.name: f.value for f in settled})
-        for index, resolved in enumerate(self.trace.fields):
+        for index, resolved in enumerate(self.resolved):
             pointer = pointer_of(resolved.field.name)
             why = [reason for path, reason in problems if pointer == path or pointer.startswith(path + "/")]
             if why:
                 note = f"schema violation (source {resolved.field.source}): {why[0]}"
-                self.trace.fields[index] = Resolved(
+                self.resolved[index] = Resolved(
                     demote(resolved.field, note, pending_at_trigger=False), resolved.evidence
                 )
 
@@ -731,7 +733,8 @@ class _Run:
         self.verified = _json_list(items)
         if len(self.verified) != len(items):
             raise TypeError("verify_user_checklist_item returned values that cannot be recorded as JSON")
-        self.trace.checklist = list(enumerate(self.verified))
+        for index, item in enumerate(self.verified):
+            self.trace.took("checklist_item_verified", index=index, item=item)
         self.checklist_json = self.verified
         return None
 
@@ -779,7 +782,7 @@ class _Run:
         assert self.admission is not None and self.action_key is not None
         arguments = call_arguments({f.name: f.value for f in self.fields})
         assessment = self.admission.assess(self.inp, self.action_key, arguments)
-        self.trace.admission = assessment.event
+        self.trace.took("admission_assessed", **assessment.event)
         if assessment.allowed:
             return None, assessment.verdict
         refused, gate, gap, why = assessment.gate()

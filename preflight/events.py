@@ -13,7 +13,7 @@ import hashlib
 import json
 import os
 from collections.abc import Mapping, Sequence
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, TypeAdapter, ValidationError
 
@@ -338,6 +338,11 @@ def digest(data: Any) -> str:
     return "sha256:" + hashlib.sha256(canonical_json(data)).hexdigest()
 
 
+#: Each event type's model, as the union `EVENT_ADAPTER` picks it.
+_EVENT_MODELS: dict[Any, type[Envelope]] = {
+    model.model_fields["event_type"].default: model for model in get_args(get_args(PreflightEvent)[0])
+}
+
 #: Stands for the hash in the one canonical text `seal` writes of an event (random: no value can spell it).
 _HASH_PLACEHOLDER: str = os.urandom(32).hex()
 _HASH_MEMBER = b'"hash":"' + _HASH_PLACEHOLDER.encode() + b'",'
@@ -362,7 +367,11 @@ def seal(body: dict[str, Any]) -> PreflightEvent:
     h.update(before)
     h.update(after)
     fields["hash"] = hash_ = h.hexdigest()
-    event = EVENT_ADAPTER.validate_python(fields)
+    event: PreflightEvent
+    try:  # its own model's validator: no union to dispatch (a quarter less than the union's)
+        event = _EVENT_MODELS[fields.get("event_type")].model_validate(fields)  # type: ignore[assignment]
+    except (KeyError, ValidationError):  # the union raises, naming the defect as it always has
+        event = EVENT_ADAPTER.validate_python(fields)
     private_attrs(event)["_canonical"] = before + b'"hash":"' + hash_.encode() + b'",' + after
     return event
 

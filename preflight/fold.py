@@ -17,14 +17,18 @@ Idempotence does not depend on the consumer's offset commits: a message at or be
 applied offset is a redelivery, and a run seen before with the same hashes (a producer retry at a
 new offset) is a duplicate. Either changes nothing.
 
-The state is a plain JSON-compatible dict so that a table can store it as is.
+A key's state is a plain JSON-compatible dict, stored as parts of its own (`stored_parts`): a small
+core (offsets, counts), the baseline, and one part per remembered run (a slot of RECENT_RUNS_PER_KEY,
+holding the run's event ids, and its events while it awaits an outcome). A message stores only the
+parts it changed (`Folded.parts`), never the whole history; `restore_part` puts them back together.
+The index of remembered run and event ids (``seen``) is derived from the runs and never stored.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from preflight.chain import TAIL_EVENT_TYPES, hash_matches, message_problem
@@ -32,14 +36,21 @@ from preflight.emit import rebuild_record
 from preflight.errors import ChainError, EventDecodeError
 from preflight.events import EVENT_TYPES, SUPPORTED_EVENT_VERSIONS, decode_event
 from preflight.records import UNKEYED_RECORD_KEY, ExecutionRecord, RunRef
+from preflight.shapes import conforms
 from preflight.signing import DecisionVerifier, SignedDecision, parse_time
 from preflight.verdict import Problem, event_problem, run_problem
 
+#: Runs a key remembers (with their event ids): the runs still awaiting an outcome, and enough of the
+#: past to recognise a retried run, a second outcome or a reused event id. A run takes the slot
+#: ``runs_seen % RECENT_RUNS_PER_KEY``, evicting the run that held it.
 RECENT_RUNS_PER_KEY = 64
-#: Event ids a key remembers, so that a new run reusing one (with other content) is an anomaly.
-EVENT_IDS_PER_KEY = 128
-AWAITING_RUNS_PER_KEY = 32
 DECISIONS = ("execute", "ask_user", "hold", "deferred")
+#: A state's parts, each stored on its own (`stored_parts`, `restore_part`): the core (offsets, counts),
+#: the baseline, and one part per run slot (``r<slot>``).
+CORE = "k"
+BASELINE = "b"
+RUN_PART = "r"
+CORE_FIELDS = ("action_key", "partition", "applied_offset", "counts", "runs_seen")
 
 # The envelope's members and their JSON types (`bool` is not an `int` here).
 _UUID = re.compile(r"[0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{12}")
@@ -60,11 +71,17 @@ Outcome = Literal["applied", "duplicate", "anomaly"]
 
 @dataclass(frozen=True)
 class Folded:
+    """What folding one message did: the new state, the outcome, and the parts of the state it changed,
+    as ``(part, value)`` in the order to store them (`stored_parts`)."""
+
     state: dict[str, Any]
     outcome: Outcome
     reason: str | None = None
     baseline_changed: bool = False
-    #: An anomaly's dead-letter code when the verdict named it (`preflight.verdict.CODES`), the projector's too.
+    #: The run slot this message wrote, if any.
+    slot: int | None = None
+    parts: tuple[tuple[str, Any], ...] = ()
+    #: An anomaly's dead-letter code where the fold names it: the projector's for the same defect.
     code: str | None = None
 
 
@@ -74,10 +91,10 @@ def initial_state(action_key: str) -> dict[str, Any]:
         "partition": None,
         "applied_offset": -1,
         "counts": {"runs": 0, **{d: 0 for d in DECISIONS}, "executed": 0, "failed": 0, "duplicates": 0},
-        "awaiting": {},
-        "recent": {},
-        "event_ids": [],
+        "runs_seen": 0,
         "baseline": None,
+        "runs": {},
+        "seen": {},
     }
 
 
@@ -127,21 +144,32 @@ def _shape_code(problem: str) -> str:
 
 
 def _working_copy(state: Mapping[str, Any]) -> dict[str, Any]:
-    """A copy `evolve` may change: the containers it mutates are copied, their entries are only ever
-    replaced, never changed in place (a full deep copy of the runs awaiting execution dominated)."""
+    """A copy `evolve` may change: the containers it changes are copied, their entries are only ever
+    replaced, never changed in place (a state handed to `evolve` is never changed)."""
     copied = dict(state)
-    for name in ("counts", "awaiting", "recent"):
+    for name in ("counts", "runs", "seen"):
         copied[name] = dict(state[name])
-    if state.get("baseline") is not None:
-        copied["baseline"] = dict(state["baseline"])
     return copied
 
 
-def _remember(bucket: dict[str, Any], run_id: str, entry: dict[str, Any], limit: int) -> None:
-    bucket.pop(run_id, None)
-    bucket[run_id] = entry
-    while len(bucket) > limit:
-        del bucket[next(iter(bucket))]
+def _known(state: Mapping[str, Any], run_id: str) -> dict[str, Any] | None:
+    """The entry of run `run_id` if the key remembers it."""
+    slot = state["seen"].get(run_id)
+    return None if slot is None else state["runs"].get(slot)
+
+
+def _store(state: dict[str, Any], slot: int, entry: dict[str, Any]) -> None:
+    """Put `entry` in `slot`, forgetting the run (and its event ids) that held it before."""
+    seen = state["seen"]
+    old = state["runs"].get(slot)
+    if old is not None and old is not entry:
+        for name in (old["run_id"], *old["event_ids"]):
+            if seen.get(name) == slot:
+                del seen[name]
+    state["runs"][slot] = entry
+    seen[entry["run_id"]] = slot
+    for event_id in entry["event_ids"]:
+        seen[event_id] = slot
 
 
 def evolve(
@@ -161,7 +189,7 @@ def evolve(
         and position.offset <= state["applied_offset"]
     ):
         return Folded(dict(state), "duplicate", "offset already applied")
-    base = _working_copy(state) if state is not None else initial_state(key)
+    base = dict(state) if state is not None else initial_state(key)  # copied further where it changes
     if not isinstance(message, Sequence) or isinstance(message, (str, bytes)) or not message:
         return _anomaly(base, "message is not a non-empty list of events", "not_an_event_array")
     # Event by event, each wholly (shape, model, id, hash) before the next, in the projector's order
@@ -171,16 +199,19 @@ def evolve(
         problem = check_shape(event)
         if problem is not None:
             return _anomaly(base, f"event {index}: {problem}", _shape_code(problem))
-        try:
-            # The whole model, strictly, as the projector reads it: an intact chain does not make a run well
-            # formed. (`hashed`: the hash is checked next; without it nothing of this event is used.)
-            decode_event(event, hashed=True)
-        except EventDecodeError as exc:
-            return _anomaly(base, f"event {index}: {exc}", "malformed_event")
-        if not _UUID.fullmatch(event["event_id"]):
-            return _anomaly(
-                base, f"event {index}: event_id {event['event_id']!r:.80} is not a UUID", "event_id_not_uuid"
-            )
+        # The whole model, strictly, as the projector reads it: an intact chain does not make a run well
+        # formed. Its strict shape (`preflight.shapes`: the model, a UUID event_id) first, without pydantic;
+        # the model itself judges (and names) whatever the shape does not accept. (`hashed`: the hash is
+        # checked next; without it nothing of this event is used.)
+        if not conforms(event, text):
+            try:
+                decode_event(event, hashed=True)
+            except EventDecodeError as exc:
+                return _anomaly(base, f"event {index}: {exc}", "malformed_event")
+            if not _UUID.fullmatch(event["event_id"]):
+                return _anomaly(
+                    base, f"event {index}: event_id {event['event_id']!r:.80} is not a UUID", "event_id_not_uuid"
+                )
         if not hash_matches(event, text):
             try:  # a value with no canonical form (a lone surrogate) is malformed, as the projector finds
                 decode_event(event)
@@ -198,16 +229,32 @@ def evolve(
     run_id = next(iter(run_ids))
 
     if message[0]["event_type"] in TAIL_EVENT_TYPES:
-        folded = _apply_tail(base, run_id, message, verifier)
+        folded = _apply_tail(base, run_id, message, position, verifier)
     else:
         folded = _apply_run(base, run_id, message)
-    if folded.outcome != "anomaly":
-        folded.state["partition"] = position.partition
-        folded.state["applied_offset"] = position.offset
-        if folded.baseline_changed and folded.state["baseline"] is not None:
-            folded.state["baseline"]["offset"] = position.offset
-            folded.state["baseline"]["partition"] = position.partition
-    return folded
+    if folded.outcome == "anomaly":
+        return folded
+    folded.state["partition"] = position.partition  # a changed state is a working copy of its own
+    folded.state["applied_offset"] = position.offset
+    return replace(folded, parts=stored_parts(folded))
+
+
+def stored_parts(folded: Folded) -> tuple[tuple[str, Any], ...]:
+    """The records that store what one message changed in its key's state, never the whole history: the
+    baseline if it moved (``b``), then the run slot it wrote (``r<slot>``) carrying the key's core as of this
+    message (``k``: offsets, counts), or the core alone. Stored in this order, message after message, any
+    prefix of the records is a state that has folded exactly the messages whose last record it holds: the
+    core is never ahead of the parts before it, and a baseline ahead of its core is written again, equal."""
+    state = folded.state
+    core = {name: state[name] for name in CORE_FIELDS}
+    parts: list[tuple[str, Any]] = []
+    if folded.baseline_changed:
+        parts.append((BASELINE, state["baseline"]))
+    if folded.slot is None:
+        parts.append((CORE, core))
+    else:
+        parts.append((f"{RUN_PART}{folded.slot}", {**state["runs"][folded.slot], CORE: core}))
+    return tuple(parts)
 
 
 def _apply_run(state: dict[str, Any], run_id: str, events: Sequence[Mapping[str, Any]]) -> Folded:
@@ -222,44 +269,46 @@ def _apply_run(state: dict[str, Any], run_id: str, events: Sequence[Mapping[str,
     if refused is not None:
         return _refused(state, refused)
     closing = events[-1]
-    prev = closing["hash"]
+    decision = closing.get("decision")
 
-    known = state["recent"].get(run_id) or state["awaiting"].get(run_id)
+    known = _known(state, run_id)
     if known is not None:
-        if known.get("close_hash") == closing["hash"]:
-            state["counts"]["duplicates"] += 1
-            return Folded(state, "duplicate", "run already applied (same hashes)")
-        return _anomaly(state, f"run {run_id} seen before with different content", "run_id_conflict")
+        if known.get("close_hash") != closing["hash"]:
+            return _anomaly(state, f"run {run_id} seen before with different content", "run_id_conflict")
+        state = _working_copy(state)
+        state["counts"]["duplicates"] += 1
+        return Folded(state, "duplicate", "run already applied (same hashes)")
     reused = _reused_event_id(state, events)
     if reused is not None:
         return _anomaly(state, reused, "event_id_reused")
-
-    decision = closing.get("decision")
     if decision not in DECISIONS:
         return _anomaly(state, f"run_closed decision {decision!r} is not a decision", "incomplete_run")
+    entry: dict[str, Any] = {
+        "run_id": run_id,
+        "decision": decision,
+        "close_hash": closing["hash"],
+        "last_seq": closing["seq"],
+        "last_hash": closing["hash"],
+        "event_ids": [e["event_id"] for e in events],
+    }
+    if decision == "execute":  # what the outcome is checked against, and its record rebuilt from
+        entry["events"] = [dict(e) for e in events]
+    state = _working_copy(state)
+    slot = state["runs_seen"] % RECENT_RUNS_PER_KEY
+    _store(state, slot, entry)
+    state["runs_seen"] += 1
     state["counts"]["runs"] += 1
     state["counts"][decision] += 1
-    entry = {"decision": decision, "close_hash": closing["hash"], "last_seq": closing["seq"], "last_hash": prev}
-    _remember_event_ids(state, events)
-    if decision == "execute":
-        _remember(state["awaiting"], run_id, {**entry, "events": [dict(e) for e in events]}, AWAITING_RUNS_PER_KEY)
-    else:
-        _remember(state["recent"], run_id, entry, RECENT_RUNS_PER_KEY)
-    return Folded(state, "applied")
+    return Folded(state, "applied", slot=slot)
 
 
 def _reused_event_id(state: Mapping[str, Any], events: Sequence[Mapping[str, Any]]) -> str | None:
-    """Why `events` (a new run or outcome) cannot be applied: one reuses an event_id this key has seen."""
-    seen = set(state.get("event_ids") or ())
+    """Why `events` (a new run or outcome) cannot be applied: one reuses an event_id this key remembers."""
+    seen = state["seen"]
     for event in events:
         if event["event_id"] in seen:
             return f"event_id {event['event_id']} reused by run {event['run_id']} for different content"
     return None
-
-
-def _remember_event_ids(state: dict[str, Any], events: Sequence[Mapping[str, Any]]) -> None:
-    """Keep the key's last EVENT_IDS_PER_KEY event ids (a new list: states are copied shallowly)."""
-    state["event_ids"] = [*(state.get("event_ids") or ()), *(e["event_id"] for e in events)][-EVENT_IDS_PER_KEY:]
 
 
 def _decision_problem(
@@ -296,7 +345,11 @@ def _decision_problem(
 
 
 def _apply_tail(
-    state: dict[str, Any], run_id: str, events: Sequence[Mapping[str, Any]], verifier: DecisionVerifier | None = None
+    state: dict[str, Any],
+    run_id: str,
+    events: Sequence[Mapping[str, Any]],
+    position: Position,
+    verifier: DecisionVerifier | None = None,
 ) -> Folded:
     if len(events) != 1:
         return _anomaly(state, "a tail message carries exactly one executed/execution_failed event", "incomplete_run")
@@ -304,19 +357,19 @@ def _apply_tail(
     refused = event_problem(tail, "event 0")  # the contract's verdict, the projector's too
     if refused is not None:
         return _refused(state, refused)
-    waiting = state["awaiting"].get(run_id)
-    if waiting is None:
-        seen = state["recent"].get(run_id)
-        if seen is not None and seen.get("tail_hash") == tail["hash"]:
+    waiting = _known(state, run_id)
+    if waiting is None or "outcome" in waiting or waiting["decision"] != "execute":
+        if waiting is not None and waiting.get("tail_hash") == tail["hash"]:
+            state = _working_copy(state)
             state["counts"]["duplicates"] += 1
             return Folded(state, "duplicate", "tail already applied (same hash)")
-        if seen is not None and seen["decision"] != "execute":
+        if waiting is not None and waiting["decision"] != "execute":
             return _anomaly(
                 state,
-                f"{tail['event_type']} for a run whose decision was {seen['decision']}",
+                f"{tail['event_type']} for a run whose decision was {waiting['decision']}",
                 "outcome_for_non_execute",
             )
-        if seen is not None:
+        if waiting is not None:
             return _anomaly(state, f"second outcome for run {run_id} (replayed decision)", "second_outcome")
         return _anomaly(
             state, f"{tail['event_type']} for a run without a recorded execute decision", "outcome_without_run"
@@ -329,7 +382,7 @@ def _apply_tail(
         return _anomaly(state, problem)
 
     executed = tail["event_type"] == "executed"
-    baseline_changed = False
+    baseline = None
     if executed:
         try:
             # The run's chain, each hash and the tail's link were verified as they arrived.
@@ -341,27 +394,80 @@ def _apply_tail(
             return _anomaly(state, "executed run did not rebuild to an executed record", "unrebuildable_run")
         if record.fields is None:  # the verdict refuses such a run before; never an empty baseline
             return _anomaly(state, "executed run cannot be rebuilt: its record has no fields", "unrebuildable_run")
-        state["baseline"] = {
+        baseline = {
             "run_id": run_id,
             "decision_id": tail.get("decision_id"),
             "record": record.model_dump(mode="json"),
             "last_hash": tail["hash"],
             "next_seq": tail["seq"] + 1,
+            "offset": position.offset,
+            "partition": position.partition,
         }
-        baseline_changed = True
-    del state["awaiting"][run_id]
-    _remember_event_ids(state, events)
-    state["counts"]["executed" if executed else "failed"] += 1
-    entry = {
-        "decision": "execute",
-        "close_hash": waiting["close_hash"],
-        "last_seq": tail["seq"],
-        "last_hash": tail["hash"],
-        "tail_hash": tail["hash"],
-        "outcome": "executed" if executed else "failed",
-    }
-    _remember(state["recent"], run_id, entry, RECENT_RUNS_PER_KEY)
-    return Folded(state, "applied", baseline_changed=baseline_changed)
+    state = _working_copy(state)
+    if baseline is not None:
+        state["baseline"] = baseline
+    outcome = "executed" if executed else "failed"
+    state["counts"][outcome] += 1
+    entry = {k: v for k, v in waiting.items() if k != "events"}
+    entry.update(
+        last_seq=tail["seq"],
+        last_hash=tail["hash"],
+        tail_hash=tail["hash"],
+        outcome=outcome,
+        event_ids=[*waiting["event_ids"], tail["event_id"]],
+    )
+    slot = state["seen"][run_id]
+    _store(state, slot, entry)
+    return Folded(state, "applied", baseline_changed=baseline is not None, slot=slot)
+
+
+def restore_part(state: dict[str, Any] | None, action_key: str, part: str, value: Any) -> dict[str, Any]:
+    """Put one stored part (`stored_parts`) back into a key's state (made if None), in place: what a
+    table recovering from its changelog does for every record, in log order. Of the cores it is given
+    (alone, or carried by a run slot), the state keeps the one that has folded the furthest."""
+    if state is None:
+        state = initial_state(action_key)
+    if part == CORE:
+        if isinstance(value, Mapping):
+            _restore_core(state, value)
+            if "recent" in value or "awaiting" in value:
+                _restore_whole(state, value)
+    elif part == BASELINE:
+        state["baseline"] = value if isinstance(value, Mapping) else None
+    elif part.startswith(RUN_PART) and part[len(RUN_PART) :].isdigit():
+        slot = int(part[len(RUN_PART) :])
+        if isinstance(value, Mapping):
+            entry = dict(value)
+            core = entry.pop(CORE, None)
+            _store(state, slot, entry)
+            if isinstance(core, Mapping):
+                _restore_core(state, core)
+        else:
+            old = state["runs"].pop(slot, None)
+            if old is not None:
+                for name in (old["run_id"], *old["event_ids"]):
+                    if state["seen"].get(name) == slot:
+                        del state["seen"][name]
+    return state
+
+
+def _restore_core(state: dict[str, Any], core: Mapping[str, Any]) -> None:
+    """Take `core` (offsets, counts) unless the state's own has folded further in the same partition (a
+    slot written before the latest core, read after it)."""
+    offset = core.get("applied_offset")
+    if state["partition"] == core.get("partition") and isinstance(offset, int) and offset < state["applied_offset"]:
+        return
+    state.update({name: core[name] for name in CORE_FIELDS if name in core})
+
+
+def _restore_whole(state: dict[str, Any], value: Mapping[str, Any]) -> None:
+    """A state stored whole (before states were stored as parts): its baseline, and its remembered
+    runs in slots (the runs awaiting an outcome last, so that they are the last to be evicted)."""
+    state["baseline"] = value.get("baseline")
+    runs = [*(value.get("recent") or {}).items(), *(value.get("awaiting") or {}).items()][-RECENT_RUNS_PER_KEY:]
+    for slot, (run_id, entry) in enumerate(runs):
+        _store(state, slot, {**entry, "run_id": run_id, "event_ids": []})
+    state["runs_seen"] = len(runs)
 
 
 def baseline_record(state: Mapping[str, Any] | None) -> ExecutionRecord | None:

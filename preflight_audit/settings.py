@@ -152,6 +152,12 @@ class Settings(BaseSettings):
     catch_up: bool = Field(
         True, description="the fold worker folds the log's backlog from the log itself at start (benchmarks: off)"
     )
+    replication_factor: int = Field(
+        1,
+        ge=1,
+        description="the replication factor of the topics the fold worker creates (its changelog, Faust's own);"
+        " 3 on a cluster that must survive losing a broker (infra/README.md)",
+    )
     profile: Path | None = Field(None, description="the fold worker profiles its loop into this file (bench/fold.py)")
     group_instance_id: str | None = Field(
         None,
@@ -288,6 +294,7 @@ class Settings(BaseSettings):
             "session_timeout_s": self.session_timeout_s,
             "profile_path": self.profile,
             "catch_up": self.catch_up,
+            "replication_factor": self.replication_factor,
             "decision_public_keys": tuple(dict.fromkeys((*self.decision_public_key_paths, *decision_public_keys))),
             "decision_leeway_s": self.decision_leeway_s,
         }

@@ -39,15 +39,12 @@ from __future__ import annotations
 import hashlib
 import importlib
 import json
-import math
 import os
 import re
-import types
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any, Final, Literal, Union, get_args, get_origin
+from typing import Any, Final, Union
 
-import annotated_types
 import msgspec
 import orjson
 from pydantic import BaseModel
@@ -58,12 +55,20 @@ from preflight.events import (
     EVENT_TYPES,
     SUPPORTED_EVENT_VERSIONS,
     TAIL_EVENT_TYPES,
-    PreflightEvent,
     content_hash,
     decode_event,
     event_canonical_json,
 )
 from preflight.records import UNKEYED_RECORD_KEY
+from preflight.shapes import EVENT_MODELS as _EVENT_MODELS
+from preflight.shapes import EVENT_SHAPES as _EVENT_SHAPES
+from preflight.shapes import FAST_ONLY as _FAST_ONLY
+from preflight.shapes import FAST_PATH_DEPTH as _FAST_PATH_DEPTH
+from preflight.shapes import UUID_PATTERN as _UUID_PATTERN
+from preflight.shapes import has_float as _has_float
+from preflight.shapes import plain as _plain
+from preflight.shapes import shape as _shape
+from preflight.shapes import too_deep as _too_deep
 from preflight.verdict import event_problem, run_problem
 
 __all__ = [
@@ -77,16 +82,6 @@ __all__ = [
 ]
 
 _SORTED: Final = orjson.OPT_SORT_KEYS
-_DIGEST_LENGTH: Final = 64  # hex digits of a SHA-256 digest
-_UUID_PATTERN: Final = r"[0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{12}"
-#: An event's fields the fast shape holds to more than its model does: what the fast path can judge (a
-#: supported version, a UUID, a lower-case hex digest, as `hexdigest` spells it). A message outside them
-#: is not refused: it takes the reference path, which names the defect.
-_FAST_ONLY: Final[dict[str, Any]] = {
-    "schema_version": Literal[tuple(sorted(SUPPORTED_EVENT_VERSIONS))],
-    "event_id": Annotated[str, msgspec.Meta(pattern=rf"^(?:{_UUID_PATTERN})\Z")],
-    "hash": Annotated[str, msgspec.Meta(pattern=rf"^[0-9a-f]{{{_DIGEST_LENGTH}}}\Z")],
-}
 #: Set to "0" to leave the compiled check (`preflight_audit_native`) unused, e.g. to compare the two.
 NATIVE_ENV: Final = "PREFLIGHT_NATIVE_DECODE"
 
@@ -116,70 +111,6 @@ EventJson = dict[str, Any]
 """An event as verified: its JSON object, exactly as hashed (nested models are objects too)."""
 
 
-def _plain(annotation: Any) -> Any:
-    """`annotation` with every pydantic model in it replaced by its `_shape`."""
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return _shape(annotation)
-    args = get_args(annotation)
-    if not args or not any(_plain(arg) is not arg for arg in args):
-        return annotation
-    origin = get_origin(annotation)
-    if origin is Union or origin is types.UnionType:
-        return Union[tuple(_plain(arg) for arg in args)]  # noqa: UP007 -- built from a tuple
-    return origin[tuple(_plain(arg) for arg in args)]
-
-
-def _shape(model: type[BaseModel], fast_only: Mapping[str, Any] = _FAST_ONLY) -> type[msgspec.Struct]:
-    """A msgspec struct that accepts exactly the JSON objects `model` accepts in strict mode: same fields,
-    types and constraints, extra keys forbidden, a field with a default optional -- and `UNSET` when it was
-    left out, so that it is left out of the dict again (`_as_dicts`) and of the encoding (`_CANONICAL`) --
-    but an event's `fast_only` fields, which it holds to more (`_FAST_ONLY`: what the fast path can judge).
-
-    msgspec decodes and validates a message in one pass, in C, in less than half the time pydantic's strict
-    validation into dicts took on the bench workload (1.4 against 3.6 us an event, in process). Made from
-    the model itself, so the two cannot drift apart (a property test compares their verdicts); a
-    constraint with no msgspec form stops the import rather than pass unchecked.
-    """
-    fields: list[tuple[str, Any] | tuple[str, Any, Any]] = []
-    event_type = model.model_fields.get("event_type")
-    for name, info in model.model_fields.items():
-        if info is event_type:  # the union's tag: msgspec checks it is present and names this struct
-            continue
-        if _typed_float(info.annotation):  # msgspec would read it without `_no_float`, and spell it its way
-            raise TypeError(f"{model.__name__}.{name}: a field typed float has no fast form")
-        annotation = _plain(info.annotation)
-        bounds: dict[str, Any] = {}
-        for constraint in info.metadata:
-            if not isinstance(constraint, annotated_types.Ge):
-                raise TypeError(f"{model.__name__}.{name}: no msgspec form for the constraint {constraint!r}")
-            bounds["ge"] = constraint.ge
-        narrowed = event_type is not None and name in fast_only
-        if narrowed:
-            annotation = fast_only[name]  # within the model's type and bounds
-        elif bounds:
-            annotation = Annotated[annotation, msgspec.Meta(**bounds)]
-        if info.is_required() or narrowed:  # an event without its schema_version: the reference path judges it
-            fields.append((name, annotation))
-        else:
-            fields.append((name, Union[annotation, msgspec.UnsetType], msgspec.UNSET))  # noqa: UP007
-    tag: dict[str, Any] = {} if event_type is None else {"tag_field": "event_type", "tag": event_type.default}
-    return msgspec.defstruct(
-        f"{model.__name__}Shape", fields, kw_only=True, forbid_unknown_fields=True, frozen=True, **tag
-    )
-
-
-def _typed_float(annotation: Any) -> bool:
-    """Whether `annotation` admits a float by type (not only as an Any value); a nested model answers for
-    its own fields when its shape is made."""
-    if annotation is float:
-        return True
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return False
-    return any(_typed_float(arg) for arg in get_args(annotation) if not isinstance(arg, str))
-
-
-_EVENT_MODELS: Final = get_args(get_args(PreflightEvent)[0])
-_EVENT_SHAPES: Final = {model: _shape(model) for model in _EVENT_MODELS}
 #: The shapes without the two patterns of `_FAST_ONLY` (msgspec calls Python's `re` for each: about half of
 #: its decode time), for a message the compiled check (`_NATIVE`) is asked about: it vouches only for events
 #: whose event_id spells a UUID and whose hash is a lower-case hex digest, so what these shapes accept and it
@@ -472,63 +403,6 @@ def _parse(value: bytes) -> tuple[Any, bool]:
         return json.loads(bytes(value).decode("utf-8")), False
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError, JSONDecodeError, nesting
         raise _Reject("undecodable", f"undecodable bytes: {type(exc).__name__}: {exc}") from exc
-
-
-def _may_hold_float(annotation: Any) -> bool:
-    """Whether a strictly validated field of this type can hold a float (Any can; str, int, bool can't)."""
-    if annotation is Any or annotation is float:
-        return True
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return any(_may_hold_float(f.annotation) for f in annotation.model_fields.values())
-    return any(_may_hold_float(arg) for arg in get_args(annotation) if not isinstance(arg, str))
-
-
-#: Per event type, the fields that may hold any JSON value, a float or a deep one: the only ones `_too_deep`
-#: looks into.
-_FLOAT_HOLDERS: Final = {
-    model.model_fields["event_type"].default: tuple(
-        name for name, info in model.model_fields.items() if _may_hold_float(info.annotation)
-    )
-    for model in _EVENT_MODELS
-}
-
-
-#: How deep a value may nest for the fast path to judge it. The models refuse what their serializer
-#: cannot write back (a few hundred levels); deeper than this, the reference path, which asks them, decides.
-_FAST_PATH_DEPTH: Final = 64
-
-
-def _too_deep(events: list[EventJson]) -> bool:
-    """Whether a value in one of `events` nests deeper than `_FAST_PATH_DEPTH`. Only asked of a message
-    with more brackets than that: a value cannot nest deeper than the brackets its message holds."""
-    for event in events:
-        for name in _FLOAT_HOLDERS[event["event_type"]]:
-            if name in event and _has_float(event[name], _FAST_PATH_DEPTH):
-                return True
-    return False
-
-
-def _has_float(value: Any, limit: float = math.inf, depth: int = 1) -> bool:
-    """Whether `value` holds a float -- or nests deeper than `limit` (the fast path's question: is this
-    beyond what it may judge?)."""
-    kind = type(value)
-    if kind is float:
-        return True
-    if kind is dict:
-        items: Any = value.values()
-    elif kind is list:
-        items = value
-    else:
-        return False
-    if depth > limit:
-        return True
-    for item in items:
-        inner = type(item)
-        if inner is str or inner is int or inner is bool or item is None:
-            continue
-        if inner is float or _has_float(item, limit, depth + 1):
-            return True
-    return False
 
 
 def _run_id_of(raw: list[Any]) -> str | None:

@@ -55,6 +55,7 @@ from streams.batch import (
     Progress,
     fold_partition,
     progress_key,
+    restore_record,
     state_key,
 )
 from streams.errors import StreamsError
@@ -75,6 +76,27 @@ _LOG_END_TTL_S = 1.0
 #: The files in the data directory that count the worker's starts and hold its group instance id.
 STARTS_FILE = "preflight-worker-starts"
 INSTANCE_FILE = "preflight-worker-instance"
+
+
+class FoldTable(faust.Table[str, Any]):
+    """The fold's table: its changelog holds each key's state as parts (`preflight.fold.stored_parts`),
+    which recovery puts back together (`streams.batch.restore_record`) instead of taking each record's
+    value as the value of its key."""
+
+    def apply_changelog_batch(self, batch: Iterable[Any]) -> None:
+        store = self.data
+        data = store.data  # the memory store's dict (the worker's store is memory://)
+        owner = getattr(store, "_key_partition", None)  # the memory store's record of each key's partition
+        for event in batch:
+            key, value = event.key, event.value
+            if not isinstance(key, str):
+                continue
+            changed = restore_record(data, key, value)
+            if changed is not None and owner is not None:
+                if changed in data:
+                    owner[changed] = event.message.partition
+                else:
+                    owner.pop(changed, None)
 
 
 class NotOwnedError(StreamsError):
@@ -501,7 +523,9 @@ class Folder:
         writes = []
         for key, state in result.writes.items():
             _count_change(counts, self.state(state_key(key)), state)
-            writes.append(self._write(partition, state_key(key), state))
+            self.table.data[state_key(key)] = state
+        for stored, value in result.records:  # only the parts each message changed, in order
+            writes.append(self.table.send_changelog(partition, stored, value))
         writes.append(self._write(partition, progress_key(partition), result.progress.to_json()))
         await asyncio.gather(*writes)  # acknowledged by the broker: stored
         self.last_fold_at = time.time()
@@ -719,7 +743,7 @@ def create_app(settings: WorkerSettings) -> faust.App:
         broker_commit_interval=_NEVER_S,  # the worker commits what it stored (Folder._commit)
         broker_commit_every=_NEVER,
         topic_partitions=settings.partitions,
-        topic_replication_factor=1,
+        topic_replication_factor=settings.replication_factor,
         table_standby_replicas=0,
         consumer_auto_offset_reset="earliest",
         web_enabled=True,
@@ -743,12 +767,16 @@ def create_app(settings: WorkerSettings) -> faust.App:
         key_serializer="raw",
         value_serializer="raw",
     )
-    table = app.Table(
-        settings.table_name,
-        default=None,
-        partitions=settings.partitions,
-        key_type=str,
-        help="k:<action_key> -> folded state; w:<partition> -> the partition's progress",
+    table = app.tables.add(
+        FoldTable(
+            app,
+            name=settings.table_name,
+            default=None,
+            beacon=app.tables.beacon,
+            partitions=settings.partitions,
+            key_type=str,
+            help="k:<action_key> -> folded state (stored as its parts); w:<partition> -> the partition's progress",
+        )
     )
     bootstrap = settings.bootstrap_servers
     backfill = Backfill(bootstrap, settings.events_topic)

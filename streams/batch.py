@@ -8,9 +8,10 @@ non-UTF-8 key, anything `evolve` refuses, an exception inside it, offsets the lo
 `DeadLetter` carrying the original bytes and the reason. A message at or below the watermark is a
 redelivery and is skipped before it is even decoded.
 
-The result says which keys' states changed (each written once per batch), the dead letters to publish,
-and the partition's new `Progress` (watermark and counts), which the worker stores in the same
-changelog partition *after* the states: a recovered watermark therefore never claims more than the
+The result says which keys' states changed, the changelog records that store those changes (only the
+parts of a state each message changed, `preflight.fold.stored_parts`), the dead letters to publish, and
+the partition's new `Progress` (watermark and counts), which the worker stores in the same changelog
+partition *after* the states' records: a recovered watermark therefore never claims more than the
 recovered states hold, and the per-key `applied_offset` (inside each state) covers the other direction.
 Correctness depends on neither the consumer's offset commits nor exactly-once delivery.
 """
@@ -20,18 +21,21 @@ from __future__ import annotations
 import base64
 import json
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from preflight.errors import EventDecodeError
 from preflight.events import decode_message
-from preflight.fold import Position, evolve
+from preflight.fold import CORE, Position, evolve, restore_part
 from preflight.signing import DecisionVerifier
 
 #: Table keys: a key's state lives under STATE_PREFIX + action_key, a partition's progress under
-#: PROGRESS_PREFIX + partition number, so the two can never collide whatever an action_key is.
-STATE_PREFIX = "k:"
+#: PROGRESS_PREFIX + partition number, so the two can never collide whatever an action_key is. In the
+#: changelog a state is stored as its parts (`preflight.fold.stored_parts`), each under
+#: ``<part>:<action_key>`` (`part_key`): the core under the state's own key, ``b:`` the baseline,
+#: ``r<slot>:`` a remembered run.
+STATE_PREFIX = CORE + ":"
 PROGRESS_PREFIX = "w:"
 
 DEAD_LETTER_VERSION = 1
@@ -43,6 +47,29 @@ def state_key(action_key: str) -> str:
 
 def progress_key(partition: int) -> str:
     return f"{PROGRESS_PREFIX}{partition}"
+
+
+def part_key(part: str, action_key: str) -> str:
+    """The changelog key of one part of `action_key`'s state."""
+    return f"{part}:{action_key}"
+
+
+def restore_record(table: MutableMapping[str, Any], key: str, value: Any) -> str | None:
+    """Apply one changelog record to `table` (a recovering table's data, in log order); the table key it
+    changed (a state's or a progress's), or None for a key this worker never writes."""
+    if key.startswith(PROGRESS_PREFIX):
+        if value is None:
+            table.pop(key, None)
+        else:
+            table[key] = value
+        return key
+    part, colon, action_key = key.partition(":")
+    if not colon:
+        return None
+    target = state_key(action_key)
+    current = table.get(target)
+    table[target] = restore_part(current if isinstance(current, dict) else None, action_key, part, value)
+    return target
 
 
 @dataclass(frozen=True)
@@ -206,6 +233,8 @@ class PartitionFold:
     partition: int
     progress: Progress
     writes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: The changelog records (key, value) that store what the batch changed, in the order to write them.
+    records: list[tuple[str, Any]] = field(default_factory=list)
     dead_letters: list[DeadLetter] = field(default_factory=list)
     #: Delivered at or below the watermark: skipped before decoding.
     redelivered: int = 0
@@ -320,6 +349,7 @@ def fold_partition(
             result.baselines_changed += 1
         states[action_key] = folded.state
         result.writes[action_key] = folded.state
+        result.records.extend((part_key(part, action_key), value) for part, value in folded.parts)
 
     result.progress = Progress(offset, messages, applied, dead, missing, dict(sorted(codes.items())))
     return result

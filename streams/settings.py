@@ -32,6 +32,7 @@ SETTINGS: dict[str, str] = {
     "session_timeout_s": "session_timeout_s",
     "profile_path": "profile",
     "catch_up": "catch_up",
+    "replication_factor": "replication_factor",
     "decision_public_keys": "decision_public_keys",
     "decision_leeway_s": "decision_leeway_s",
     "group_instance_id": "group_instance_id",
@@ -56,6 +57,8 @@ class WorkerSettings:
     approved decision's id, tool and arguments digest, not its signature. `group_instance_id` is the
     worker's name in its consumer group, its Kafka client id (default: an id made on the first start and
     kept in `data_dir`, see `streams.app.instance_id`): each worker of a group needs its own.
+    `replication_factor` is that of the topics the worker creates (its changelog, Faust's own): 3 on a
+    cluster that must lose a broker without losing the table.
     """
 
     broker_url: str = "127.0.0.1:9092"
@@ -76,6 +79,7 @@ class WorkerSettings:
     decision_public_keys: tuple[Path, ...] = ()
     decision_leeway_s: float = 0.0
     group_instance_id: str | None = None
+    replication_factor: int = 1
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -92,6 +96,8 @@ class WorkerSettings:
             problems.append(f"batch_size must be >= 1, got {self.batch_size}")
         if not self.batch_within_s > 0:
             problems.append(f"batch_within_s must be positive, got {self.batch_within_s}")
+        if self.replication_factor < 1:
+            problems.append(f"replication_factor must be >= 1, got {self.replication_factor}")
         if self.decision_leeway_s < 0:
             problems.append(f"decision_leeway_s must not be negative, got {self.decision_leeway_s}")
         if not 0 < self.baseline_wait_s <= 30:

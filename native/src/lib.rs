@@ -13,6 +13,8 @@
 //!
 //! It does not validate events against their models: the caller has done that before asking.
 
+mod jcs;
+
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
 use sha2::{Digest, Sha256};
@@ -712,6 +714,7 @@ fn canonical_texts<'py>(
 #[pymodule]
 fn preflight_audit_native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(canonical_texts, module)?)?;
+    module.add_function(wrap_pyfunction!(jcs::jcs, module)?)?;
     module.add_class::<ArchiveColumns>()?;
     let fields: Vec<&str> = ARCHIVE_FIELDS.iter().map(|(name, _)| *name).collect();
     module.add("ARCHIVE_FIELDS", fields)?;

@@ -726,9 +726,9 @@ async def audit(
 REPORTED: list[str] = []
 
 
-def report(test: str, counts: Counts, *facts: str) -> None:
+def report(test: str, counts: Counts, *facts: str, broker: str | None = None) -> None:
     """Print an audit's counts (and facts about the run), and keep them for the terminal summary."""
-    line = f"{test} [{broker_kind()}]: {counts.summary()}"
+    line = f"{test} [{broker or broker_kind()}]: {counts.summary()}"
     if facts:
         line += "; " + "; ".join(facts)
     print(line)

@@ -28,6 +28,7 @@ from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from preflight.events import canonical_json, content_hash
+from preflight.shapes import FAST_PATH_DEPTH
 from projections import decode, rows
 from projections.decode import Incoming, Rejected, _fast_path
 from projections.rows import PreparedChunk, detached, prepare_all, raw
@@ -165,7 +166,7 @@ class TestCompleteness:
 
     def test_it_vouches_for_nothing_the_fast_path_would_find_too_deep(self, native: ModuleType) -> None:
         # An event is its level 1, so a value in it nests at most MAX_DEPTH - 1 levels deep.
-        assert native.MAX_DEPTH - 1 <= decode._FAST_PATH_DEPTH
+        assert native.MAX_DEPTH - 1 <= FAST_PATH_DEPTH
 
     @pytest.mark.parametrize("depth", [62, 63, 64, 65])
     def test_nesting_is_vouched_for_to_its_limit(self, native: ModuleType, depth: int) -> None:

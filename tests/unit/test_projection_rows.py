@@ -55,6 +55,7 @@ from preflight.events import (
     seal,
 )
 from preflight.records import UNKEYED_RECORD_KEY
+from preflight.shapes import shape as _shape
 from preflight.verdict import CODES
 from preflight_audit import scenarios
 from projections import open_database, store
@@ -67,7 +68,6 @@ from projections.decode import (
     VerifiedTail,
     _fast_path,
     _reference_path,
-    _shape,
     _shaped,
     decode_incoming,
 )

@@ -1,0 +1,159 @@
+//! RFC 8785 (JCS) bytes of plain Python JSON values, written in one pass (`preflight.chain.jcs`'s fast path).
+//!
+//! It vouches only for values whose bytes it can write exactly: dicts with `str` keys, lists, `str`,
+//! 64-bit `int`, `bool` and `None`, each of its exact built-in type, nested at most `MAX_DEPTH` deep.
+//! Keys are sorted by their UTF-16 code units, as RFC 8785 section 3.2.3 says; strings are escaped as
+//! ECMAScript's `JSON.stringify` does (section 3.2.2.2: `\"`, `\\`, `\b`, `\f`, `\n`, `\r`, `\t`, other
+//! control characters as `\u00xx`, everything else as UTF-8). Anything else -- a float, a larger
+//! integer, a tuple, a subclass, a lone surrogate, deeper nesting -- is answered `None`, and the caller
+//! writes the value with its exact implementation, which names any defect. So the answer is either
+//! the exact bytes or no answer.
+
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyBytes, PyDict, PyInt, PyList, PyString};
+
+/// The deepest nesting written (a top-level object or array is level 1); deeper, the caller writes it.
+pub const JCS_MAX_DEPTH: usize = 128;
+
+/// Appends the JCS bytes of `value` to `out`; `None` where it does not vouch for them.
+fn write(value: &Bound<'_, PyAny>, out: &mut Vec<u8>, depth: usize) -> Option<()> {
+    if value.is_none() {
+        out.extend_from_slice(b"null");
+    } else if value.is_exact_instance_of::<PyString>() {
+        let text = value.cast::<PyString>().ok()?.to_str().ok()?; // a lone surrogate: not vouched for
+        string(text, out);
+    } else if value.is_exact_instance_of::<PyBool>() {
+        out.extend_from_slice(if value.is_truthy().ok()? {
+            b"true"
+        } else {
+            b"false"
+        });
+    } else if value.is_exact_instance_of::<PyInt>() {
+        let number: i64 = value.extract().ok()?;
+        out.extend_from_slice(number.to_string().as_bytes());
+    } else if value.is_exact_instance_of::<PyDict>() {
+        if depth >= JCS_MAX_DEPTH {
+            return None;
+        }
+        let dict = value.cast::<PyDict>().ok()?;
+        let mut members: Vec<(Bound<'_, PyAny>, Bound<'_, PyAny>)> = Vec::with_capacity(dict.len());
+        for (key, item) in dict.iter() {
+            if !key.is_exact_instance_of::<PyString>() {
+                return None;
+            }
+            members.push((key, item));
+        }
+        let mut keys: Vec<(&str, usize)> = Vec::with_capacity(members.len());
+        for (index, (key, _)) in members.iter().enumerate() {
+            keys.push((key.cast::<PyString>().ok()?.to_str().ok()?, index));
+        }
+        keys.sort_unstable_by(|(a, _), (b, _)| utf16_order(a, b));
+        out.push(b'{');
+        for (position, (key, index)) in keys.iter().enumerate() {
+            if position > 0 {
+                out.push(b',');
+            }
+            string(key, out);
+            out.push(b':');
+            write(&members[*index].1, out, depth + 1)?;
+        }
+        out.push(b'}');
+    } else if value.is_exact_instance_of::<PyList>() {
+        if depth >= JCS_MAX_DEPTH {
+            return None;
+        }
+        let list = value.cast::<PyList>().ok()?;
+        out.push(b'[');
+        for (position, item) in list.iter().enumerate() {
+            if position > 0 {
+                out.push(b',');
+            }
+            write(&item, out, depth + 1)?;
+        }
+        out.push(b']');
+    } else {
+        return None;
+    }
+    Some(())
+}
+
+/// Two keys in RFC 8785's order: by UTF-16 code units. Code point order is the same unless the first
+/// characters that differ are one from U+E000-U+FFFF and one from U+10000 up (a surrogate pair's units,
+/// U+D800-U+DFFF, sort below U+E000); comparing the units decides every case.
+fn utf16_order(a: &str, b: &str) -> std::cmp::Ordering {
+    if a.is_ascii() && b.is_ascii() {
+        return a.as_bytes().cmp(b.as_bytes());
+    }
+    a.encode_utf16().cmp(b.encode_utf16())
+}
+
+/// `text` as a JSON string, escaped as ECMAScript's `JSON.stringify` escapes it.
+fn string(text: &str, out: &mut Vec<u8>) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    out.push(b'"');
+    let bytes = text.as_bytes();
+    let mut start = 0;
+    for (at, &byte) in bytes.iter().enumerate() {
+        let escape: &[u8] = match byte {
+            b'"' => b"\\\"",
+            b'\\' => b"\\\\",
+            0x08 => b"\\b",
+            0x0c => b"\\f",
+            b'\n' => b"\\n",
+            b'\r' => b"\\r",
+            b'\t' => b"\\t",
+            0x00..=0x1f => b"",
+            _ => continue,
+        };
+        out.extend_from_slice(&bytes[start..at]);
+        if escape.is_empty() {
+            out.extend_from_slice(b"\\u00");
+            out.push(HEX[(byte >> 4) as usize]);
+            out.push(HEX[(byte & 0xf) as usize]);
+        } else {
+            out.extend_from_slice(escape);
+        }
+        start = at + 1;
+    }
+    out.extend_from_slice(&bytes[start..]);
+    out.push(b'"');
+}
+
+/// The RFC 8785 bytes of `value`, or None where it does not vouch for them (see the module doc).
+#[pyfunction]
+pub fn jcs<'py>(py: Python<'py>, value: &Bound<'py, PyAny>) -> Option<Bound<'py, PyBytes>> {
+    let mut out = Vec::with_capacity(1024);
+    write(value, &mut out, 0)?;
+    Some(PyBytes::new(py, &out))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn escaped(text: &str) -> String {
+        let mut out = Vec::new();
+        string(text, &mut out);
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn strings_are_escaped_as_ecmascript_does() {
+        assert_eq!(escaped("a\"b\\c"), r#""a\"b\\c""#);
+        assert_eq!(
+            escaped("\u{8}\u{c}\n\r\t\u{1}\u{1f}"),
+            r#""\b\f\n\r\t\u0001\u001f""#
+        );
+        assert_eq!(escaped("\u{7f}\u{2028}é😀"), "\"\u{7f}\u{2028}é😀\"");
+    }
+
+    #[test]
+    fn keys_sort_by_utf16_code_units() {
+        use std::cmp::Ordering::*;
+        assert_eq!(utf16_order("a", "b"), Less);
+        assert_eq!(utf16_order("ab", "a"), Greater);
+        // U+FFFD sorts after U+1F600's high surrogate (U+D83D), though its code point is lower.
+        assert_eq!(utf16_order("\u{fffd}", "\u{1f600}"), Greater);
+        assert_eq!(utf16_order("\u{d7ff}", "\u{1f600}"), Less);
+    }
+}

@@ -1,0 +1,188 @@
+"""RFC 8785's bytes made fast, and still exact (`preflight.chain.jcs`).
+
+`jcs` has three writers: the compiled one of `native/` where it is built, orjson's sorted bytes where
+they provably agree (plain values; keys whose code-point and UTF-16 orders agree), and the exact writer
+for the rest. Each is held here to the independent `rfc8785` package and to the exact writer on values
+drawn to hit what separates them: keys from U+E000-U+FFFF mixed with keys from U+10000 up, control
+characters, escapes, integers at the 53- and 64-bit edges, nesting.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import shutil
+from types import ModuleType
+from typing import Any
+
+import orjson
+import pytest
+import rfc8785
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from preflight import chain
+from preflight.chain import _jcs, _orders_agree, _plain, canonical_json, jcs
+
+
+def _exact(value: Any) -> bytes:
+    parts: list[str] = []
+    _jcs(value, parts)
+    return "".join(parts).encode()
+
+
+def _orjson_path(value: Any) -> bytes | None:
+    """What `jcs`'s orjson path writes, or None where it would not take the value."""
+    if not _plain(value, chain._INT64, keys_checked=True):
+        return None
+    try:
+        return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+    except TypeError:
+        return None
+
+
+def _holds_float(value: Any) -> bool:
+    if isinstance(value, list):
+        return any(_holds_float(item) for item in value)
+    return isinstance(value, float)
+
+
+@pytest.fixture(scope="module")
+def native() -> ModuleType:
+    try:
+        return importlib.import_module("preflight_audit_native")
+    except ImportError:
+        if shutil.which("cargo") is not None or os.environ.get("CI") == "true":
+            raise
+        pytest.skip("preflight_audit_native is not built: no Rust toolchain on this machine")
+
+
+#: Characters that separate the orders and the escapes: ASCII, controls, the quote and backslash, the
+#: last characters below the surrogates, U+E000-U+FFFF, and characters from U+10000 up.
+tricky_chars = st.sampled_from(
+    [
+        "a",
+        "b",
+        "\x00",
+        "\x1f",
+        "\x7f",
+        '"',
+        "\\",
+        "\n",
+        "\u2028",
+        "\ud7ff",
+        "\ue000",
+        "\ufb33",
+        "\uffff",
+        "\U00010000",
+        "\U0001f600",
+        "\U0010ffff",
+        "\u00e9",
+    ]
+) | st.characters(exclude_categories=["Cs"])
+keys = st.text(tricky_chars, max_size=4)
+texts = st.text(tricky_chars, max_size=8)
+safe_integers = st.integers(min_value=-(2**53) + 1, max_value=2**53 - 1)
+leaves = st.none() | st.booleans() | safe_integers | texts
+values = st.recursive(
+    leaves,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(keys, inner, max_size=5),
+    max_leaves=24,
+)
+floats = st.floats(allow_nan=False, allow_infinity=False)
+
+
+class TestEveryWriterIsRfc8785:
+    @settings(max_examples=500, deadline=None)
+    @given(values)
+    @example({"\ufb33": 1, "\U0001f600": 2})
+    @example({"\ue000a": 1, "\U00010000": 2, "x": [{"\uffff": None, "\U0010ffff": "\x00"}]})
+    def test_jcs_matches_the_rfc8785_package(self, value: Any) -> None:
+        assert jcs(value) == rfc8785.dumps(value) == _exact(value)
+
+    @settings(max_examples=300, deadline=None)
+    @given(values)
+    def test_the_orjson_path_is_exact_where_it_is_taken(self, value: Any) -> None:
+        fast = _orjson_path(value)
+        if fast is not None:
+            assert fast == rfc8785.dumps(value)
+
+    @settings(max_examples=500, deadline=None)
+    @given(values)
+    @example({"\ufb33": 1, "\U0001f600": 2})
+    def test_the_compiled_writer_is_exact(self, native: ModuleType, value: Any) -> None:
+        assert native.jcs(value) == rfc8785.dumps(value)
+
+    @settings(max_examples=200, deadline=None)
+    @given(st.recursive(leaves | floats, lambda inner: st.lists(inner, max_size=3), max_leaves=8))
+    def test_floats_go_to_the_exact_writer(self, native: ModuleType, value: Any) -> None:
+        assert jcs(value) == rfc8785.dumps(value)
+        if _holds_float(value):
+            assert native.jcs(value) is None
+
+
+class TestTheLegacyFormToo:
+    """`canonical_json` (versions 1-2 and every digest) takes the compiled writer where the forms agree."""
+
+    @settings(max_examples=500, deadline=None)
+    @given(values)
+    @example({"\ufb33": 1, "\U0001f600": 2})
+    def test_canonical_json_is_the_sorted_json_dumps(self, value: Any) -> None:
+        reference = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        assert canonical_json(value) == reference.encode()
+
+
+class TestWhereTheFastPathsStepAside:
+    def test_the_orders_differ_only_for_high_bmp_against_supplementary_keys(self) -> None:
+        assert _orders_agree(["a", "\u00e9", "\ud7ff", "\U0001f600"])
+        assert _orders_agree(["a", "\ue000", "\uffff"])
+        assert not _orders_agree(["\ufb33", "\U0001f600"])
+        mixed = {"\ufb33": 1, "\U0001f600": 2}
+        assert _orjson_path(mixed) is None
+        # orjson's own order (by code point) is not RFC 8785's here: the exact writer takes it.
+        assert orjson.dumps(mixed, option=orjson.OPT_SORT_KEYS) != rfc8785.dumps(mixed)
+        assert jcs(mixed) == rfc8785.dumps(mixed)
+
+    def test_values_above_u_e000_stay_on_the_fast_path(self) -> None:
+        assert _orjson_path({"k": "\ufb33\U0001f600"}) == rfc8785.dumps({"k": "\ufb33\U0001f600"})
+
+    @pytest.mark.parametrize(
+        "value",
+        [1.5, 2**63, -(2**63) - 1, 2**64, (1, 2), {1: "a"}, "\ud800", {"a": [b"x"]}, True.__class__],
+        ids=["float", "2**63", "-2**63-1", "2**64", "tuple", "int key", "lone surrogate", "bytes", "type"],
+    )
+    def test_the_compiled_writer_declines_what_it_cannot_vouch_for(self, native: ModuleType, value: Any) -> None:
+        assert native.jcs(value) is None
+
+    def test_subclasses_are_not_vouched_for(self, native: ModuleType) -> None:
+        class Text(str):
+            pass
+
+        class Mapping(dict[str, Any]):
+            pass
+
+        assert native.jcs(Text("a")) is None
+        assert native.jcs(Mapping(a=1)) is None
+        assert native.jcs({Text("a"): 1}) is None
+        assert jcs(Text("a")) == b'"a"'
+
+    def test_64_bit_integers_in_full_and_beyond_by_the_exact_writer(self, native: ModuleType) -> None:
+        for number in (2**53, -(2**53), 2**63 - 1, -(2**63)):
+            assert native.jcs([number]) == f"[{number}]".encode() == jcs([number])
+        assert jcs([2**70]) == f"[{2**70}]".encode()
+
+    def test_deep_nesting_is_left_to_the_exact_writer(self, native: ModuleType) -> None:
+        deep: Any = "x"
+        for _ in range(200):
+            deep = [deep]
+        assert native.jcs(deep) is None
+        assert jcs(deep) == _exact(deep)
+
+    def test_defects_are_still_named(self) -> None:
+        with pytest.raises(ValueError, match="not a JSON number"):
+            jcs({"a": float("nan")})
+        with pytest.raises(ValueError, match="surrogate"):
+            jcs({"a": "\ud800"})
+        with pytest.raises(TypeError):
+            jcs({"a": object()})
