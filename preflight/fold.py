@@ -3,8 +3,10 @@
 `evolve(state, message, position)` is a pure function. A message is what the transport carries: a
 whole run (its events from seq 0 to `run_closed`) or a run's tail (`executed` / `execution_failed`).
 Only an `executed` tail for a run whose closed decision was `execute`, with an intact chain, moves
-the baseline. Everything else that is wrong is an anomaly: the state does not change and the caller
-routes the message to the dead-letter topic with the reason.
+the baseline. Each run and outcome gets the consumers' shared verdict (`preflight.verdict`), which the
+projector applies too: what it refuses is an anomaly under the same code (`Folded.code`). Everything
+else that is wrong is an anomaly too: the state does not change and the caller routes the message to
+the dead-letter topic with the reason.
 
 An outcome must also match the run's approved decision: the same `decision_id`, tool and arguments
 digest. A fold given a `DecisionVerifier` (the trusted public keys of the engines that sign decisions)
@@ -36,6 +38,7 @@ from preflight.events import EVENT_TYPES, SUPPORTED_EVENT_VERSIONS, decode_event
 from preflight.records import UNKEYED_RECORD_KEY, ExecutionRecord, RunRef
 from preflight.shapes import conforms
 from preflight.signing import DecisionVerifier, SignedDecision, parse_time
+from preflight.verdict import Problem, event_problem, run_problem
 
 #: Runs a key remembers (with their event ids): the runs still awaiting an outcome, and enough of the
 #: past to recognise a retried run, a second outcome or a reused event id. A run takes the slot
@@ -78,6 +81,8 @@ class Folded:
     #: The run slot this message wrote, if any.
     slot: int | None = None
     parts: tuple[tuple[str, Any], ...] = ()
+    #: An anomaly's dead-letter code where the fold names it: the projector's for the same defect.
+    code: str | None = None
 
 
 def initial_state(action_key: str) -> dict[str, Any]:
@@ -93,8 +98,15 @@ def initial_state(action_key: str) -> dict[str, Any]:
     }
 
 
-def _anomaly(state: dict[str, Any], reason: str) -> Folded:
-    return Folded(state, "anomaly", reason)
+def _anomaly(state: dict[str, Any], reason: str, code: str | None = None) -> Folded:
+    """An anomaly, with the projector's dead-letter code for the same defect where the fold knows it (else
+    `streams.batch.dead_letter_code` reads one from the reason)."""
+    return Folded(state, "anomaly", reason, code=code)
+
+
+def _refused(state: dict[str, Any], problem: Problem) -> Folded:
+    """An anomaly the consumers' shared verdict names: its code leads the reason, as in the projector's."""
+    return Folded(state, "anomaly", str(problem), code=problem.code)
 
 
 def check_shape(event: Any) -> str | None:
@@ -120,6 +132,15 @@ def check_shape(event: Any) -> str | None:
     if action_key is not None and type(action_key) is not str:
         return f"{event_type}: mistyped action_key"
     return None
+
+
+def _shape_code(problem: str) -> str:
+    """The projector's code for a `check_shape` problem."""
+    if problem.startswith("unknown event_type"):
+        return "unknown_event_type"
+    if problem.startswith("unsupported schema_version"):
+        return "unsupported_schema_version"
+    return "malformed_event"
 
 
 def _working_copy(state: Mapping[str, Any]) -> dict[str, Any]:
@@ -170,35 +191,42 @@ def evolve(
         return Folded(dict(state), "duplicate", "offset already applied")
     base = dict(state) if state is not None else initial_state(key)  # copied further where it changes
     if not isinstance(message, Sequence) or isinstance(message, (str, bytes)) or not message:
-        return _anomaly(base, "message is not a non-empty list of events")
-    for index, event in enumerate(message):
+        return _anomaly(base, "message is not a non-empty list of events", "not_an_event_array")
+    # Event by event, each wholly (shape, model, id, hash) before the next, in the projector's order
+    # (`projections.decode`), so that both name the same first defect.
+    texts = getattr(message, "texts", None) or [None] * len(message)
+    for index, (event, text) in enumerate(zip(message, texts, strict=True)):
         problem = check_shape(event)
         if problem is not None:
-            return _anomaly(base, f"event {index}: {problem}")
+            return _anomaly(base, f"event {index}: {problem}", _shape_code(problem))
+        # The whole model, strictly, as the projector reads it: an intact chain does not make a run well
+        # formed. Its strict shape (`preflight.shapes`: the model, a UUID event_id) first, without pydantic;
+        # the model itself judges (and names) whatever the shape does not accept. (`hashed`: the hash is
+        # checked next; without it nothing of this event is used.)
+        if not conforms(event, text):
+            try:
+                decode_event(event, hashed=True)
+            except EventDecodeError as exc:
+                return _anomaly(base, f"event {index}: {exc}", "malformed_event")
+            if not _UUID.fullmatch(event["event_id"]):
+                return _anomaly(
+                    base, f"event {index}: event_id {event['event_id']!r:.80} is not a UUID", "event_id_not_uuid"
+                )
+        if not hash_matches(event, text):
+            try:  # a value with no canonical form (a lone surrogate) is malformed, as the projector finds
+                decode_event(event)
+            except EventDecodeError as exc:
+                return _anomaly(base, f"event {index}: {exc}", "malformed_event")
+            return _anomaly(
+                base, f"broken hash chain: seq {event['seq']} hash does not match its content", "broken_chain"
+            )
     run_ids = {e["run_id"] for e in message}
     if len(run_ids) != 1:
-        return _anomaly(base, "message mixes events of several runs")
+        return _anomaly(base, "message mixes events of several runs", "mixed_runs")
     expected_key = None if key == UNKEYED_RECORD_KEY else key
     if any(e.get("action_key") != expected_key for e in message):
-        return _anomaly(base, f"event action_key does not match the message key {key!r}")
+        return _anomaly(base, f"event action_key does not match the message key {key!r}", "key_mismatch")
     run_id = next(iter(run_ids))
-
-    texts = getattr(message, "texts", None) or [None] * len(message)
-    for event, text in zip(message, texts, strict=True):
-        if not hash_matches(event, text):
-            return _anomaly(base, f"broken hash chain: seq {event['seq']} hash does not match its content")
-    for index, (event, text) in enumerate(zip(message, texts, strict=True)):
-        # The whole model, strictly, as the projector reads it: an intact chain does not make a run well formed.
-        # Its strict shape (`preflight.shapes`) first, without pydantic; the model itself judges (and names)
-        # whatever the shape does not accept.
-        if conforms(event, text):
-            continue
-        if not _UUID.fullmatch(event["event_id"]):
-            return _anomaly(base, f"event {index}: event_id {event['event_id']!r:.80} is not a UUID")
-        try:
-            decode_event(event, hashed=True)
-        except EventDecodeError as exc:
-            return _anomaly(base, f"event {index}: {exc}")
 
     if message[0]["event_type"] in TAIL_EVENT_TYPES:
         folded = _apply_tail(base, run_id, message, position, verifier)
@@ -233,23 +261,28 @@ def _apply_run(state: dict[str, Any], run_id: str, events: Sequence[Mapping[str,
     problem = message_problem(events)  # the run-chain rule (`preflight.chain`)
     if problem is not None:
         return _anomaly(
-            state, f"{'broken hash chain' if problem[0] == 'broken_chain' else 'incomplete run'}: {problem[1]}"
+            state,
+            f"{'broken hash chain' if problem[0] == 'broken_chain' else 'incomplete run'}: {problem[1]}",
+            problem[0],
         )
+    refused = run_problem(events)  # the contract's verdict, the projector's too (`preflight.verdict`)
+    if refused is not None:
+        return _refused(state, refused)
     closing = events[-1]
     decision = closing.get("decision")
 
     known = _known(state, run_id)
     if known is not None:
         if known.get("close_hash") != closing["hash"]:
-            return _anomaly(state, f"run {run_id} seen before with different content")
+            return _anomaly(state, f"run {run_id} seen before with different content", "run_id_conflict")
         state = _working_copy(state)
         state["counts"]["duplicates"] += 1
         return Folded(state, "duplicate", "run already applied (same hashes)")
     reused = _reused_event_id(state, events)
     if reused is not None:
-        return _anomaly(state, reused)
+        return _anomaly(state, reused, "event_id_reused")
     if decision not in DECISIONS:
-        return _anomaly(state, f"run_closed decision {decision!r} is not a decision")
+        return _anomaly(state, f"run_closed decision {decision!r} is not a decision", "incomplete_run")
     entry: dict[str, Any] = {
         "run_id": run_id,
         "decision": decision,
@@ -319,8 +352,11 @@ def _apply_tail(
     verifier: DecisionVerifier | None = None,
 ) -> Folded:
     if len(events) != 1:
-        return _anomaly(state, "a tail message carries exactly one executed/execution_failed event")
+        return _anomaly(state, "a tail message carries exactly one executed/execution_failed event", "incomplete_run")
     tail = events[0]
+    refused = event_problem(tail, "event 0")  # the contract's verdict, the projector's too
+    if refused is not None:
+        return _refused(state, refused)
     waiting = _known(state, run_id)
     if waiting is None or "outcome" in waiting or waiting["decision"] != "execute":
         if waiting is not None and waiting.get("tail_hash") == tail["hash"]:
@@ -328,13 +364,19 @@ def _apply_tail(
             state["counts"]["duplicates"] += 1
             return Folded(state, "duplicate", "tail already applied (same hash)")
         if waiting is not None and waiting["decision"] != "execute":
-            return _anomaly(state, f"{tail['event_type']} for a run whose decision was {waiting['decision']}")
+            return _anomaly(
+                state,
+                f"{tail['event_type']} for a run whose decision was {waiting['decision']}",
+                "outcome_for_non_execute",
+            )
         if waiting is not None:
-            return _anomaly(state, f"second outcome for run {run_id} (replayed decision)")
-        return _anomaly(state, f"{tail['event_type']} for a run without a recorded execute decision")
+            return _anomaly(state, f"second outcome for run {run_id} (replayed decision)", "second_outcome")
+        return _anomaly(
+            state, f"{tail['event_type']} for a run without a recorded execute decision", "outcome_without_run"
+        )
     linked = message_problem(events, after=(waiting["last_seq"], waiting["last_hash"]))
     if linked is not None:
-        return _anomaly(state, f"broken hash chain: {linked[1]}")
+        return _anomaly(state, f"broken hash chain: {linked[1]}", "broken_chain")
     problem = _decision_problem(waiting["events"], tail, verifier) or _reused_event_id(state, events)
     if problem is not None:
         return _anomaly(state, problem)
@@ -346,10 +388,12 @@ def _apply_tail(
             # The run's chain, each hash and the tail's link were verified as they arrived.
             events_in = [decode_event(e, hashed=True) for e in [*waiting["events"], tail]]
             record = rebuild_record(events_in, verify=False)
-        except (EventDecodeError, ChainError) as exc:
-            return _anomaly(state, f"executed run cannot be rebuilt: {exc}")
+        except (EventDecodeError, ChainError, ValueError) as exc:  # ValueError: pydantic's ValidationError
+            return _anomaly(state, f"executed run cannot be rebuilt: {exc}", "unrebuildable_run")
         if record.execution_decision != "executed":
-            return _anomaly(state, "executed run did not rebuild to an executed record")
+            return _anomaly(state, "executed run did not rebuild to an executed record", "unrebuildable_run")
+        if record.fields is None:  # the verdict refuses such a run before; never an empty baseline
+            return _anomaly(state, "executed run cannot be rebuilt: its record has no fields", "unrebuildable_run")
         baseline = {
             "run_id": run_id,
             "decision_id": tail.get("decision_id"),
