@@ -236,7 +236,8 @@ async def run_call(
         if metrics is not None:
             metrics.asked(action)
         if action != "accept":
-            return error_result(f"{name}: nothing was called: the user {action}d the question"), "declined"
+            said_no = {"decline": "declined", "cancel": "cancelled"}.get(action, f"answered {action!r} to")
+            return error_result(f"{name}: nothing was called: the user {said_no} the question"), "declined"
         said = answers_from_form(outcome, content)
         answers.update(said.user_answers)
         checklist.update(said.checklist_answers)

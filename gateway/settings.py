@@ -20,6 +20,10 @@ approved = true             # a standing approval (a tool that is not read-only 
 pre_set = { repo_path = "/home/me/repo" }   # values set in advance
 inherit = ["repo_path"]     # arguments a later call may take from the last executed one
 checklist = [{ id = "clean", description = "the working tree is clean" }]
+read_only = false           # true: named read-only (admitted, not preflighted; SPEC §2.7), unless the tool
+                            # itself says it is not read-only
+full_preflight = false      # true: a read-only tool judged by the full preflight, like a write
+allow_undeclared = false    # true: arguments its `properties` does not declare are passed on (else refused)
 
 [users.u_02.tools.git_create_branch]        # one user's settings for a tool, over [tools.*] key by key
 pre_set = { repo_path = "/home/u2/repo" }
@@ -87,6 +91,9 @@ class ToolEntry(BaseModel):
     pre_set: dict[str, Any] | None = None
     inherit: list[str] | None = None
     checklist: list[ChecklistItem] | None = None
+    read_only: bool | None = None
+    full_preflight: bool | None = None
+    allow_undeclared: bool | None = None
 
 
 class UserEntry(BaseModel):
@@ -132,6 +139,9 @@ class GatewayConfig(BaseModel):
                 checklist=tuple(merged.get("checklist", ())),
                 approved=bool(merged.get("approved", False)),
                 inherit=frozenset(merged.get("inherit", ())),
+                read_only=bool(merged.get("read_only", False)),
+                full_preflight=bool(merged.get("full_preflight", False)),
+                allow_undeclared=bool(merged.get("allow_undeclared", False)),
             )
         return CallPolicy(tools)
 
