@@ -27,8 +27,10 @@ from pathlib import Path
 from typing import Any, Literal, TextIO
 
 from mcp.server.context import ServerRequestContext
+from mcp.server.lowlevel.server import NotificationOptions
 from mcp.server.stdio import stdio_server
 
+from gateway import health
 from gateway.server import Gateway
 from gateway.settings import GatewaySettingsError, SettingsFile, TokenFile
 from gateway.telemetry import GatewayMetrics
@@ -131,7 +133,8 @@ async def serve_gateway(
         async with stdio_server() as (read, write):
             if started is not None:
                 started("stdio")
-            await server.run(read, write, server.create_initialization_options())
+            options = server.create_initialization_options(NotificationOptions(tools_changed=True))
+            await server.run(read, write, options)
         return
     import uvicorn
 
@@ -172,9 +175,13 @@ async def run_gateway(
     port: int = 8765,
     errlog: TextIO | None = None,
     ops: tuple[str, int] | None = None,
+    private_broker: bool = False,
 ) -> None:
-    """Start the upstreams and serve until cancelled (the caller owns the broker)."""
+    """Start the upstreams and serve until cancelled (the caller owns the broker). `private_broker`: the
+    broker is an embedded one of this process's own, said at start and in ``/readyz``."""
     err = errlog or sys.stderr
+    if private_broker:
+        print(f"preflight gateway: warning: {health.PRIVATE_BROKER_WARNING}", file=err, flush=True)
     settings = SettingsFile(config_path)
     config = settings.current()
     tokens = None
@@ -198,18 +205,12 @@ async def run_gateway(
 
         with contextlib.ExitStack() as stack:
             if ops is not None:
-                server = stack.enter_context(OpsServer(ops[0], ops[1], gateway.metrics.registry, readiness(upstreams)))
+                ready = readiness(upstreams, private_broker=private_broker)
+                server = stack.enter_context(OpsServer(ops[0], ops[1], gateway.metrics.registry, ready))
                 print(f"preflight gateway: metrics on {server.url}/metrics", file=err, flush=True)
             await serve_gateway(gateway, transport, host=host, port=port, tokens=tokens, started=started)
 
 
-def readiness(upstreams: Upstreams) -> Callable[[], tuple[bool, str]]:
-    """Ready while every upstream is connected (else the reason names the ones that are not)."""
-
-    def ready() -> tuple[bool, str]:
-        down = {name: why for name, why in upstreams.status().items() if why != "connected"}
-        if down:
-            return False, "; ".join(f"upstream {name}: {why}" for name, why in sorted(down.items()))
-        return True, "every upstream is connected"
-
-    return ready
+def readiness(upstreams: Upstreams, *, private_broker: bool = False) -> Callable[[], tuple[bool, str]]:
+    """Ready while every upstream is connected (`gateway.health.readiness`)."""
+    return health.readiness(upstreams.status, private_broker=private_broker)

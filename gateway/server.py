@@ -45,6 +45,7 @@ from mcp.types import (
     Tool,
 )
 
+from gateway.health import ToolsChanged
 from gateway.settings import GatewayConfig, GatewaySettingsError, SettingsFile
 from gateway.telemetry import GatewayMetrics
 from gateway.upstreams import Upstreams
@@ -91,12 +92,15 @@ class Gateway:
         self._user_of_request = user_of_request
         self.metrics = metrics if metrics is not None else GatewayMetrics(upstreams.status)
         self.calls = 0
+        self.tools_changed = ToolsChanged()  # gateway.health: clients told when an upstream goes or comes
+        upstreams.on_change(self.tools_changed.changed)
 
     # ---- tools/list -------------------------------------------------------------------------------------------
 
     async def list_tools(
         self, ctx: ServerRequestContext[Any, Any], params: PaginatedRequestParams | None
     ) -> ListToolsResult:
+        self.tools_changed.seen(ctx.session)
         return ListToolsResult(tools=await self.upstreams.list_tools())
 
     # ---- tools/call -------------------------------------------------------------------------------------------
@@ -114,6 +118,7 @@ class Gateway:
 
     async def call_tool(self, ctx: ServerRequestContext[Any, Any], params: CallToolRequestParams) -> CallToolResult:
         self.calls += 1
+        self.tools_changed.seen(ctx.session)
         started = time.perf_counter()
         meta = dict(params.meta or {}) if params.meta is not None else {}
         try:
@@ -138,6 +143,11 @@ class Gateway:
         user = self._user(ctx, config)
         if user is None:
             return error_result(f"{name}: nothing was called: no user for this request"), "refused"
+        down = self.upstreams.down_owner(name)
+        if down is not None:
+            why = down.error or "stopped"
+            text = f"{name}: nothing was called: upstream {down.name!r} is down ({why}); it is being reconnected"
+            return error_result(text), "refused"
         try:
             instruction = instruction_from_meta(meta)
         except InstructionMetaError as exc:

@@ -260,7 +260,9 @@ class Preflight:
         :raises ValueError: the tool is not judged read-only (it goes through `run_and_record`)."""
         from preflight.reads import decide_read
 
-        return await self._record_unkeyed(input, lambda inp: decide_read(inp, self._clock, named_read_only=named_read_only))
+        return await self._record_unkeyed(
+            input, lambda inp: decide_read(inp, self._clock, named_read_only=named_read_only)
+        )
 
     async def record_forward(self, input: Any, *, reason: str) -> ExecutionRecord:
         """Record a call forwarded unchanged in shadow mode (`preflight.reads.decide_forward`): an unkeyed

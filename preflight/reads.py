@@ -33,6 +33,7 @@ from preflight.inputs import PreflightInput, Tool
 from preflight.lookup import Evidence, Resolved
 from preflight.records import (
     AdmissionGate,
+    AdmissionVerdict,
     C3Match,
     ExecutionRecord,
     FieldRecord,
@@ -121,7 +122,9 @@ def problem_words(message: str) -> str:
     return f"invalid: {message}"
 
 
-def argument_problems(leaves: tuple[Leaf, ...], violations: list[tuple[str, str]], leaf_violation: Callable[[Leaf, Any], str | None]) -> dict[str, str]:
+def argument_problems(
+    leaves: tuple[Leaf, ...], violations: list[tuple[str, str]], leaf_violation: Callable[[Leaf, Any], str | None]
+) -> dict[str, str]:
     """Each argument at fault, by name, with what is wrong: ``missing`` (a required one not proposed), or
     ``invalid: ...`` (the value breaks its schema, or the whole call's)."""
     problems: dict[str, str] = {}
@@ -162,7 +165,7 @@ def decide_read(inp: PreflightInput, clock: Callable[[], str], *, named_read_onl
     proposal = inp.proposed_arguments if inp.proposed_arguments is not None else {}
     schema = tool.input_schema.model_dump(mode="json", by_alias=True) if tool.input_schema is not None else None
 
-    def stop(gate: Any, reason: str, gate_name: Any, gap: Any) -> Decided:
+    def stop(gate: Any, reason: str, gate_name: Any, gap: Any, verdict: AdmissionVerdict | None = None) -> Decided:
         trace.gate_name, trace.gap_class = gate_name, gap
         record = ExecutionRecord(
             action_key=None,
@@ -177,11 +180,17 @@ def decide_read(inp: PreflightInput, clock: Callable[[], str], *, named_read_onl
             execution_decision="hold",
             reason=reason,
             timestamp=now,
+            admission=verdict,
         )
         return Decided(record, trace)
 
     if schema is None:
-        return stop(_admission_gate("unknown_tool", tool.name, {}), f"hold: {tool.name}: no input schema", "admission", "action_definition_gap")
+        return stop(
+            _admission_gate("unknown_tool", tool.name, {}),
+            f"hold: {tool.name}: no input schema",
+            "admission",
+            "action_definition_gap",
+        )
     undeclared = undeclared_arguments(schema, proposal)
     if undeclared:
         gate = ProposalGate(
@@ -197,13 +206,15 @@ def decide_read(inp: PreflightInput, clock: Callable[[], str], *, named_read_onl
         plan = plan_call(schema, [n for n in required if isinstance(n, str)], proposal)
     except ArgumentsError as exc:
         if exc.in_schema:
-            gate = _admission_gate("invalid_request", tool.name, {"defect": exc.detail})
-            return stop(gate, f"hold: tool definition invalid ({exc.detail})", "admission", "action_definition_gap")
-        gate = ProposalGate(
-            kind="proposal_rejected", code=exc.kind, user_message=MSG_READ_NOT_ADMITTED,  # type: ignore[arg-type]
+            invalid = _admission_gate("invalid_request", tool.name, {"defect": exc.detail})
+            return stop(invalid, f"hold: tool definition invalid ({exc.detail})", "admission", "action_definition_gap")
+        rejected = ProposalGate(
+            kind="proposal_rejected",
+            code=exc.kind,
+            user_message=MSG_READ_NOT_ADMITTED,
             _diag={"candidate_tool": tool.name, "defect": exc.detail},
         )
-        return stop(gate, f"hold: proposed arguments rejected ({exc.detail})", "proposal", "action_definition_gap")
+        return stop(rejected, f"hold: proposed arguments rejected ({exc.detail})", "proposal", "action_definition_gap")
     values = {leaf.name: leaf.proposed for leaf in plan.leaves if leaf.was_proposed}
     known_all = all(leaf.was_proposed for leaf in plan.leaves)
     problems = argument_problems(plan.leaves, plan.call_violations(values) if known_all else [], plan.leaf_violation)
@@ -213,20 +224,23 @@ def decide_read(inp: PreflightInput, clock: Callable[[], str], *, named_read_onl
     if problems:
         # §4 row 3: the arguments are not complete and valid; every one at fault is named.
         named = "; ".join(f"{name}: {why}" for name, why in problems.items())
-        gate = AdmissionGate(
+        bad = AdmissionGate(
             kind="admission_rejected",
             user_message=MSG_READ_NOT_ADMITTED,
             status="rejected",
             code="invalid_arguments",
             _diag={"tool_name": tool.name, "effect_class": "read_only", "arguments": dict(problems)},
         )
-        trace.admission = {**assessment.event, "status": "rejected", "code": "invalid_arguments",
-                           "missing_arguments": list(problems), "effect_status": None}
-        return stop(gate, f"hold: arguments not admitted: {named}", "admission", "unmet_condition")
+        verdict = {"status": "rejected", "code": "invalid_arguments", "missing_arguments": list(problems)}
+        trace.admission = {**assessment.event, **verdict, "effect_status": None}
+        admitted = assessment.verdict.model_copy(update={**verdict, "effect_status": None})
+        return stop(bad, f"hold: arguments not admitted: {named}", "admission", "unmet_condition", admitted)
     if not assessment.allowed:
-        _, gate, gap, why = assessment.gate()
-        return stop(gate, f"hold: {why.partition(': ')[2] or why}", "admission", gap)
-    return _execute_with_proposal(trace, fixed, arguments, now, READ_NOTE, f"execute: {READ_REASON}", assessment.verdict)
+        _, refused, gap, why = assessment.gate()
+        return stop(refused, f"hold: {why.partition(': ')[2] or why}", "admission", gap, assessment.verdict)
+    return _execute_with_proposal(
+        trace, fixed, arguments, now, READ_NOTE, f"execute: {READ_REASON}", assessment.verdict
+    )
 
 
 def decide_forward(inp: PreflightInput, clock: Callable[[], str], *, reason: str) -> Decided:

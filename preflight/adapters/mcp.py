@@ -653,7 +653,9 @@ class GuardedSession:
         name = str(tool["name"])
         checked = tool if policy.allow_undeclared else closed_tool(tool)
         try:
-            state = await self.preflight.admit_read(self._unkeyed_input(checked, proposal), named_read_only=policy.read_only)
+            state = await self.preflight.admit_read(
+                self._unkeyed_input(checked, proposal), named_read_only=policy.read_only
+            )
         except RecordingError as exc:
             return GuardedOutcome("held", name, reason=f"fail closed: the decision was not recorded ({exc})")
         if state.execution_decision != "execute":

@@ -13,9 +13,9 @@ from preflight.adapters.mcp import call_hooks
 from preflight.api import Preflight
 from preflight.emit import rebuild_record
 from preflight.fold import Position, evolve
-from preflight.records import UNKEYED_RECORD_KEY
 from preflight.inputs import Tool
 from preflight.reads import closed_tool, read_only_class, undeclared_arguments
+from preflight.records import UNKEYED_RECORD_KEY
 from preflight.signing import DecisionSigner
 
 SCHEMA = {
@@ -40,7 +40,13 @@ def engine(sink: MemoryEventSink | None = None, storage: MemoryStorage | None = 
 
 
 def read_input(tool: dict[str, Any], arguments: Any) -> dict[str, Any]:
-    return {"user_id": "u_01", "agent_id": "inspector", "instruction": [], "tool": tool, "proposed_arguments": arguments}
+    return {
+        "user_id": "u_01",
+        "agent_id": "inspector",
+        "instruction": [],
+        "tool": tool,
+        "proposed_arguments": arguments,
+    }
 
 
 class TestWhichToolsAreReads:
@@ -124,6 +130,7 @@ class TestAReadIsAdmitted:
         state = await engine().admit_read(read_input(LOG, arguments))
         assert state.execution_decision == "hold"
         assert named in state.reason
+        assert rebuild_record(state.run_events).model_dump(mode="json") == state.model_dump(mode="json")
         assert "Missing" not in state.reason
 
     async def test_an_undeclared_argument_is_refused_by_name(self) -> None:
@@ -137,6 +144,7 @@ class TestAReadIsAdmitted:
         state = await engine().admit_read(inp)
         assert state.execution_decision == "hold"
         assert getattr(state.gate, "code", None) == "environment_not_ready"
+        assert rebuild_record(state.run_events).model_dump(mode="json") == state.model_dump(mode="json")
 
     async def test_a_write_is_not_admitted_as_a_read(self) -> None:
         with pytest.raises(ValueError, match="not judged read-only"):

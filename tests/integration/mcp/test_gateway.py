@@ -40,7 +40,10 @@ def settings_path(
         "time": stdio_entry(time_params),
         "files": stdio_entry(filesystem_params),
     }
-    return write_settings(tmp_path / "gateway.toml", servers=servers)
+    # git_status is read-only (admitted, not preflighted: test_gateway_reads); put back under the full
+    # preflight here, so these tests judge its arguments like a write's.
+    extra = "[tools.git_status]\nfull_preflight = true\n"
+    return write_settings(tmp_path / "gateway.toml", servers=servers, extra=extra)
 
 
 @asynccontextmanager
