@@ -32,6 +32,7 @@ from mcp.server.stdio import stdio_server
 
 from gateway import health
 from gateway.server import Gateway
+from gateway.sessions import SessionBinding
 from gateway.settings import GatewaySettingsError, SettingsFile, TokenFile
 from gateway.telemetry import GatewayMetrics
 from gateway.upstreams import Upstreams
@@ -114,8 +115,17 @@ def user_of_request(tokens: TokenFile) -> Callable[[ServerRequestContext[Any, An
 
 
 def http_app(gateway: Gateway, tokens: TokenFile, *, host: str = "127.0.0.1") -> ASGIApp:
-    """The gateway's streamable-HTTP ASGI app (at ``/mcp``), behind the bearer-token check."""
-    return BearerAuth(gateway.server().streamable_http_app(host=host), tokens)
+    """The gateway's streamable-HTTP ASGI app (at ``/mcp``), behind the bearer-token check, each session
+    bound to the user of the token that opened it (`gateway.sessions.SessionBinding`)."""
+
+    def user_of(scope: Scope) -> str | None:
+        token = _bearer(scope)
+        try:
+            return tokens.user_of(token) if token else None
+        except GatewaySettingsError:
+            return None
+
+    return BearerAuth(SessionBinding(gateway.server().streamable_http_app(host=host), user_of), tokens)
 
 
 async def serve_gateway(

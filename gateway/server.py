@@ -162,6 +162,7 @@ class Gateway:
             shadow=config.shadow,
             call_upstream=self.upstreams.call,
             list_upstream=self._listing,
+            admit_reads=True,
         )
         ask = self._asker(ctx)
         return await run_call(guard, name, params.arguments, instruction, ask, self.metrics)

@@ -47,6 +47,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from preflight.adapters.mcp import CallPolicy, ToolPolicy
+from preflight.tokens import MIN_TOKEN_LENGTH, TokenListError, one_holder_per_token, token_entries
 
 __all__ = ["GatewayConfig", "GatewaySettingsError", "ServerEntry", "SettingsFile", "TokenFile"]
 
@@ -209,9 +210,11 @@ class SettingsFile:
 
 class TokenFile:
     """Bearer tokens for the streamable-HTTP gateway: lines ``user:token`` (``#`` comments), reloaded when
-    the file changes; tokens are compared with `hmac.compare_digest`."""
+    the file changes; tokens are compared with `hmac.compare_digest`. Read by the API's parser
+    (`preflight.tokens`): a token of fewer than 16 characters, or one token given to two users, is refused
+    by name, and a file that is refused admits nobody until it is fixed."""
 
-    MIN_LENGTH = 16
+    MIN_LENGTH = MIN_TOKEN_LENGTH
 
     def __init__(self, path: Path) -> None:
         self._watch = _Watched(Path(path))
@@ -221,18 +224,19 @@ class TokenFile:
     def _load(self) -> None:
         if not self._watch.changed():
             return
-        tokens = []
-        for number, line in enumerate(self._watch.path.read_text(encoding="utf-8").splitlines(), 1):
-            line = line.strip()
-            if not line or line.startswith("#"):
-                continue
-            user, sep, token = line.partition(":")
-            if not sep or not user.strip() or len(token.strip()) < self.MIN_LENGTH:
-                raise GatewaySettingsError(
-                    f"{self._watch.path}:{number}: expected user:token with a token of {self.MIN_LENGTH}+ characters"
-                )
-            tokens.append((user.strip(), token.strip().encode()))
-        self._tokens = tokens
+        where = f"the gateway tokens file {self._watch.path}"
+        try:
+            text = self._watch.path.read_text(encoding="utf-8")
+            holders = one_holder_per_token(token_entries(text, where, kind="user"), kind="user", what="gateway token")
+        except TokenListError as exc:
+            self._watch.forget()  # refused until fixed, not silently the old tokens
+            self._tokens = []
+            raise GatewaySettingsError(str(exc)) from None
+        except (OSError, UnicodeDecodeError) as exc:
+            self._watch.forget()
+            self._tokens = []
+            raise GatewaySettingsError(f"{where} cannot be read: {exc}") from exc
+        self._tokens = [(user, token.encode()) for token, user in holders.items()]
 
     def user_of(self, token: str) -> str | None:
         """The user whose token this is, or None."""

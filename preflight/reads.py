@@ -163,7 +163,7 @@ def decide_read(inp: PreflightInput, clock: Callable[[], str], *, named_read_onl
         tool_match={"approved": True, "reason": READ_REASON, "phase": "at_trigger", "tool_name": tool.name},
     )
     proposal = inp.proposed_arguments if inp.proposed_arguments is not None else {}
-    schema = tool.input_schema.model_dump(mode="json", by_alias=True) if tool.input_schema is not None else None
+    schema = tool.input_schema_json if tool.input_schema is not None else None
 
     def stop(gate: Any, reason: str, gate_name: Any, gap: Any, verdict: AdmissionVerdict | None = None) -> Decided:
         trace.gate_name, trace.gap_class = gate_name, gap

@@ -478,7 +478,9 @@ class GuardedSession:
 
     `preflight` is built by the caller with `call_hooks()` (``create_preflight(hooks=call_hooks(), ...)``),
     so signing, sealing, ``require_approval`` and the event sink are its settings. With ``shadow=True``
-    every decision is recorded and every call is forwarded unchanged (to measure before enforcing).
+    every decision is recorded and every call is forwarded unchanged (to measure before enforcing), through
+    an unkeyed run of its own that records the outcome (never a baseline). With ``admit_reads=True`` a
+    read-only tool's calls are admitted, not preflighted (SPEC §2.7, `preflight.reads`), as the gateway does.
     """
 
     def __init__(
@@ -493,6 +495,7 @@ class GuardedSession:
         call_upstream: CallUpstream | None = None,
         list_upstream: Callable[[bool], Awaitable[Sequence[Tool | Mapping[str, Any]]]] | None = None,
         read_timeout_s: float | None = 60.0,
+        admit_reads: bool = False,
     ) -> None:
         if session is None and (call_upstream is None or list_upstream is None):
             raise ValueError("a GuardedSession needs a ClientSession, or both call_upstream and list_upstream")
@@ -505,6 +508,8 @@ class GuardedSession:
         self._call_upstream = call_upstream
         self._list_upstream = list_upstream
         self._timeout = read_timeout_s
+        #: Read-only tools admitted, not preflighted (SPEC §2.7; the gateway's clients send no user words).
+        self.admit_reads = admit_reads
         self._tools: dict[str, dict[str, Any]] | None = None
 
     async def list_tools(self, *, refresh: bool = False) -> list[dict[str, Any]]:
@@ -593,7 +598,7 @@ class GuardedSession:
         listed = await self._tool(name)
         tool = listed if listed is not None else {"name": name}  # no schema: the engine holds it, recorded
         policy = self.policy.for_tool(name)
-        if listed is not None and not self.shadow and self._is_read(listed, policy):
+        if listed is not None and self.admit_reads and not self.shadow and self._is_read(listed, policy):
             return await self._read(listed, proposal, policy)
         if not policy.allow_undeclared:
             tool = closed_tool(tool)  # an undeclared argument is refused by name, never asked (SPEC §2.7)
