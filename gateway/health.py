@@ -35,17 +35,21 @@ class _DeploymentSettings(Protocol):
     @property
     def broker(self) -> str: ...
     @property
+    def events_topic(self) -> str: ...
+    @property
     def data_dir(self) -> Path: ...
     @property
     def key_dir(self) -> Path: ...
 
 
 def deployment_env(settings: _DeploymentSettings, settings_file: Path | None = None) -> dict[str, str]:
-    """``PREFLIGHT_BROKER``, ``PREFLIGHT_DATA_DIR`` and ``PREFLIGHT_KEY_DIR`` as `settings` have them (the
+    """``PREFLIGHT_BROKER``, ``PREFLIGHT_EVENTS_TOPIC``, ``PREFLIGHT_DATA_DIR`` and ``PREFLIGHT_KEY_DIR`` as
+    `settings` have them (the
     directories absolute: a client starts the gateway in a working directory of its own), and
     ``PREFLIGHT_SETTINGS_FILE`` when the settings came from a file."""
     env = {
         "PREFLIGHT_BROKER": settings.broker,
+        "PREFLIGHT_EVENTS_TOPIC": settings.events_topic,
         "PREFLIGHT_DATA_DIR": str(Path(settings.data_dir).absolute()),
         "PREFLIGHT_KEY_DIR": str(Path(settings.key_dir).absolute()),
     }

@@ -36,6 +36,7 @@ from gateway.sessions import SessionBinding
 from gateway.settings import GatewaySettingsError, SettingsFile, TokenFile
 from gateway.telemetry import GatewayMetrics
 from gateway.upstreams import Upstreams
+from gateway.warm import warm_up
 from preflight import create_preflight
 from preflight.adapters.baseline import BaselineStorage
 from preflight.adapters.kafka import KafkaEventSink
@@ -204,6 +205,8 @@ async def run_gateway(
         who = user_of_request(tokens) if transport == "http" and tokens is not None else None
         gateway = Gateway(settings, upstreams, engine, user_of_request=who, metrics=GatewayMetrics(upstreams.status))
         tools = len(upstreams.tools())
+        warmed = await warm_up(upstreams.tools(), engine.sink)
+        print(f"preflight gateway: warmed up in {warmed * 1000:.0f} ms", file=err, flush=True)
 
         def started(where: str) -> None:
             print(

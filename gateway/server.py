@@ -160,12 +160,20 @@ class Gateway:
             agent_id=agent,
             policy=config.policy_for(user),
             shadow=config.shadow,
-            call_upstream=self.upstreams.call,
+            call_upstream=self._forward,
             list_upstream=self._listing,
             admit_reads=True,
         )
         ask = self._asker(ctx)
         return await run_call(guard, name, params.arguments, instruction, ask, self.metrics)
+
+    async def _forward(self, name: str, arguments: dict[str, Any], meta: dict[str, Any]) -> CallToolResult:
+        """An upstream call, timed into ``preflight_gateway_upstream_seconds``."""
+        started = time.perf_counter()
+        try:
+            return await self.upstreams.call(name, arguments, meta)
+        finally:
+            self.metrics.upstream_seconds.observe(time.perf_counter() - started)
 
     async def _listing(self, refresh: bool) -> list[Tool]:
         return await self.upstreams.list_tools(refresh=refresh)

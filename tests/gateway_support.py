@@ -99,6 +99,7 @@ async def client_of(
     *,
     elicit: Callable[..., Any] | None = None,
     client_name: str = "test-client",
+    message_handler: Callable[..., Any] | None = None,
 ) -> AsyncIterator[ClientSession]:
     """An initialized SDK `ClientSession` talking to `gateway` (with `elicit` as its elicitation callback)."""
     server = gateway.server()
@@ -115,6 +116,7 @@ async def client_of(
             client_streams[0],
             client_streams[1],
             elicitation_callback=elicit,
+            message_handler=message_handler,
             client_info=Implementation(name=client_name, version="1.0"),
         ) as session:
             await session.initialize()

@@ -626,7 +626,7 @@ class GuardedSession:
                 "held", name, state, reason="the proposed arguments are not a JSON object: nothing called"
             )
         if self.shadow:
-            return await self._shadow(tool, proposal, decision)
+            return await self._shadow(tool, proposal, state)
         if listed is None:
             # Recorded (an action-definition gap: the model chose a tool that does not exist), never asked:
             # no answer of the user's makes a missing tool exist.
@@ -667,18 +667,18 @@ class GuardedSession:
             return GuardedOutcome("held", name, state, reason=state.reason, gate=getattr(state.gate, "kind", None))
         return await self._execute(state, tool)
 
-    async def _shadow(self, tool: Mapping[str, Any], proposal: Any, decision: str) -> GuardedOutcome:
+    async def _shadow(self, tool: Mapping[str, Any], proposal: Any, judged: ExecutionRecord) -> GuardedOutcome:
         """Shadow mode: the call forwarded unchanged, through a run of its own that records its outcome,
         unkeyed and so never a baseline (`preflight.reads.decide_forward`)."""
         name = str(tool["name"])
-        why = f"shadow: decided {decision}, forwarded unchanged"
+        why = f"shadow: decided {judged.execution_decision}, forwarded unchanged"
         try:
             state = await self.preflight.record_forward(self._unkeyed_input(tool, proposal), reason=why)
         except RecordingError as exc:
             return GuardedOutcome("held", name, reason=f"fail closed: the forwarded call was not recorded ({exc})")
         done = await self._execute(state, tool)
-        if done.status == "executed":
-            return GuardedOutcome("forwarded", name, done.state, result=done.result, reason=why, decision=done.decision)
+        if done.status == "executed":  # the decision judged, and the forwarded call's result
+            return GuardedOutcome("forwarded", name, judged, result=done.result, reason=why, decision=done.decision)
         return done
 
     async def _execute(self, state: ExecutionRecord, tool: Mapping[str, Any]) -> GuardedOutcome:
