@@ -143,11 +143,6 @@ class Gateway:
         user = self._user(ctx, config)
         if user is None:
             return error_result(f"{name}: nothing was called: no user for this request"), "refused"
-        down = self.upstreams.down_owner(name)
-        if down is not None:
-            why = down.error or "stopped"
-            text = f"{name}: nothing was called: upstream {down.name!r} is down ({why}); it is being reconnected"
-            return error_result(text), "refused"
         try:
             instruction = instruction_from_meta(meta)
         except InstructionMetaError as exc:
@@ -163,9 +158,19 @@ class Gateway:
             call_upstream=self._forward,
             list_upstream=self._listing,
             admit_reads=True,
+            environment_of=self._environment,
         )
         ask = self._asker(ctx)
-        return await run_call(guard, name, params.arguments, instruction, ask, self.metrics)
+        result, how = await run_call(guard, name, params.arguments, instruction, ask, self.metrics)
+        return self._named_down(name, result), how
+
+    def _named_down(self, name: str, result: CallToolResult) -> CallToolResult:
+        """`result`, saying which upstream is down when the call of `name` failed or was held for it."""
+        down = self.upstreams.down_owner(name)
+        if down is None or not result.is_error:
+            return result
+        said = f"upstream {down.name!r} is down ({down.error or 'stopped'}); it is being reconnected"
+        return result.model_copy(update={"content": [*result.content, TextContent(type="text", text=said)]})
 
     async def _forward(self, name: str, arguments: dict[str, Any], meta: dict[str, Any]) -> CallToolResult:
         """An upstream call, timed into ``preflight_gateway_upstream_seconds``."""
@@ -176,7 +181,16 @@ class Gateway:
             self.metrics.upstream_seconds.observe(time.perf_counter() - started)
 
     async def _listing(self, refresh: bool) -> list[Tool]:
-        return await self.upstreams.list_tools(refresh=refresh)
+        # A down upstream's tools stay known here (not in a client's tools/list): a call of one is judged,
+        # its environment not ready (`_environment`), and recorded as held, named.
+        return await self.upstreams.list_tools(refresh=refresh, include_down=True)
+
+    def _environment(self, name: str) -> dict[str, Any] | None:
+        """§4's environment of a call of `name`: not ready while its upstream is down."""
+        down = self.upstreams.down_owner(name)
+        if down is None:
+            return None
+        return {"status": "upstream_down", "upstream": down.name, "detail": down.error or "stopped"}
 
     def _asker(self, ctx: ServerRequestContext[Any, Any]) -> Ask | None:
         capable = ctx.session.check_client_capability(ClientCapabilities(elicitation=ElicitationCapability()))

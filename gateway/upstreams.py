@@ -245,8 +245,9 @@ class Upstreams:
                 return up
         return None
 
-    async def list_tools(self, *, refresh: bool = False) -> list[Tool]:
-        """The tools, each stale (or, with `refresh`, every) connected upstream listed again first."""
+    async def list_tools(self, *, refresh: bool = False, include_down: bool = False) -> list[Tool]:
+        """The tools, each stale (or, with `refresh`, every) connected upstream listed again first; with
+        `include_down`, a down upstream's tools as last listed too (for judging a call of one, not for clients)."""
         for up in self._upstreams:
             if up.session is not None and (refresh or up.stale):
                 up.stale = False
@@ -254,6 +255,8 @@ class Upstreams:
                     up.tools = await _list_all(up.session)
                 except Exception as exc:
                     up.error = f"{type(exc).__name__}: {exc}"
+        if include_down:
+            return [tool for up in self._upstreams for tool in up.tools]
         return self.tools()
 
     def owner(self, name: str) -> Upstream:

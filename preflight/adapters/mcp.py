@@ -496,6 +496,7 @@ class GuardedSession:
         list_upstream: Callable[[bool], Awaitable[Sequence[Tool | Mapping[str, Any]]]] | None = None,
         read_timeout_s: float | None = 60.0,
         admit_reads: bool = False,
+        environment_of: Callable[[str], Mapping[str, Any] | None] | None = None,
     ) -> None:
         if session is None and (call_upstream is None or list_upstream is None):
             raise ValueError("a GuardedSession needs a ClientSession, or both call_upstream and list_upstream")
@@ -510,6 +511,8 @@ class GuardedSession:
         self._timeout = read_timeout_s
         #: Read-only tools admitted, not preflighted (SPEC §2.7; the gateway's clients send no user words).
         self.admit_reads = admit_reads
+        #: The environment a call of a tool would act on (§4: not ``ready`` holds it), e.g. its upstream down.
+        self._environment_of = environment_of
         self._tools: dict[str, dict[str, Any]] | None = None
 
     async def list_tools(self, *, refresh: bool = False) -> list[dict[str, Any]]:
@@ -613,6 +616,9 @@ class GuardedSession:
             intent_attempt=intent_attempt,
         )
         inp["proposed_arguments"] = proposal  # not an object: the engine holds the run (proposal_invalid)
+        environment = self._environment(name)
+        if environment is not None:
+            inp["environment"] = environment
         token = _CURRENT.set(_Call(name, self.policy.for_tool(name)))
         try:
             state = await self.preflight.run_and_record(inp)
@@ -644,14 +650,22 @@ class GuardedSession:
         except ValueError:
             return False  # a definition the engine cannot read: the preflight holds it, recorded
 
+    def _environment(self, name: str) -> dict[str, Any] | None:
+        found = self._environment_of(name) if self._environment_of is not None else None
+        return dict(found) if found is not None else None
+
     def _unkeyed_input(self, tool: Mapping[str, Any], proposal: Any) -> dict[str, Any]:
-        return {
+        inp = {
             "user_id": self.user_id,
             "agent_id": self.agent_id,
             "instruction": [],
             "tool": dict(tool),
             "proposed_arguments": proposal,
         }
+        environment = self._environment(str(tool["name"]))
+        if environment is not None:
+            inp["environment"] = environment
+        return inp
 
     async def _read(self, tool: Mapping[str, Any], proposal: Any, policy: ToolPolicy) -> GuardedOutcome:
         """A read-only call: admitted, not preflighted (SPEC §2.7): no question, whatever the client."""

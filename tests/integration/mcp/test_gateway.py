@@ -296,8 +296,9 @@ class TestUpstreamFailures:
             again = await call(session, "alpha", {}, said("alpha please"))
         assert result.is_error is True and "the call failed" in result_text(result)
         assert again.is_error is True
-        assert "is down" in result_text(again)  # the dead upstream is down at once, named
-        assert [r.execution_decision for r in runs_of(sink)] == ["failed", "failed"]
+        assert "upstream 'fragile' is down" in result_text(again)  # down at once, named
+        # The next call is judged with its environment not ready (SPEC §4): a recorded hold, nothing called.
+        assert [r.execution_decision for r in runs_of(sink)] == ["failed", "hold"]
 
     async def test_a_tool_list_that_changes_between_calls_is_answered_not_crashed(self, tmp_path: Path) -> None:
         path, tools = fragile(tmp_path, ["alpha"])

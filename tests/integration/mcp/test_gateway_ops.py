@@ -36,7 +36,9 @@ def fragile_settings(tmp_path: Path, names: list[str]) -> Path:
     tools = tmp_path / "tools.json"
     tools.write_text(json.dumps(names))
     entry = {"command": sys.executable, "args": [str(FRAGILE), str(tools)]}
-    return write_settings(tmp_path / "fragile.toml", servers={"fragile": entry})
+    # Its tools are read-only: put back under the full preflight, so the counts below include questions.
+    extra = "".join(f"[tools.{n}]\nfull_preflight = true\n" for n in names)
+    return write_settings(tmp_path / "fragile.toml", servers={"fragile": entry}, extra=extra)
 
 
 def meta(text: str) -> RequestParamsMeta:

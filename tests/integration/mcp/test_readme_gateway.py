@@ -10,18 +10,15 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
-from aiokafka import AIOKafkaConsumer, TopicPartition
 from mcp import StdioServerParameters
 from mcp.types import Implementation
 
 from gateway.settings import parse_config
 from infra.brokers import Broker
 from preflight.adapters.mcp import result_text
-from preflight.events import decode_event, decode_message
-from tests.gateway_support import Scripted
+from tests.gateway_support import Scripted, events_on
 from tests.mcp_servers import mcp_session
 
 pytestmark = pytest.mark.integration
@@ -53,26 +50,6 @@ def test_the_agent_loop_prints_what_the_readme_says() -> None:
 
 def test_the_settings_shown_parse() -> None:
     assert "get_current_time" in parse_config(block("toml")).tools
-
-
-async def events_on(bootstrap: str, topic: str) -> list[Any]:
-    """Every event on `topic` so far (each partition read to its end)."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None)
-    await consumer.start()
-    try:
-        partitions = [TopicPartition(topic, p) for p in sorted(await consumer.partitions_for_topic(topic) or ())]
-        consumer.assign(partitions)
-        ends = await consumer.end_offsets(partitions)
-        await consumer.seek_to_beginning(*partitions)
-        events: list[Any] = []
-        async with asyncio.timeout(60):
-            while [p for p in partitions if await consumer.position(p) < ends[p]]:
-                batches = await consumer.getmany(*partitions, timeout_ms=1_000)
-                for messages in batches.values():
-                    events += [decode_event(raw) for m in messages for raw in decode_message(m.value)]
-        return events
-    finally:
-        await consumer.stop()
 
 
 async def test_the_entry_init_writes_starts_from_a_bare_environment_and_publishes_to_the_deployment(
