@@ -90,8 +90,13 @@ class ToolsChanged:
         self._tasks: set[asyncio.Task[None]] = set()
         self.sent = 0
 
-    def seen(self, session: _Session) -> None:
-        self._sessions.add(session)
+    def seen(self, session: object) -> None:
+        """Remember the client connection of a request's `session`: the SDK's per-request `ServerSession`
+        wraps the connection (its ``_connection``, which has no public accessor), and the connection is what
+        lives as long as the client and sends notifications on its own channel."""
+        connection = getattr(session, "_connection", session)
+        if callable(getattr(connection, "send_tool_list_changed", None)):
+            self._sessions.add(connection)
 
     def changed(self) -> None:
         """Tell every session seen, in a task of its own (called from the upstreams' tasks; never raises)."""

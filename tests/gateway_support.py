@@ -135,7 +135,8 @@ async def events_on(bootstrap: str, topic: str) -> list[Any]:
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None)
     await consumer.start()
     try:
-        partitions = [TopicPartition(topic, p) for p in sorted(await consumer.partitions_for_topic(topic) or ())]
+        await consumer.topics()  # the cluster's metadata, this topic's partitions with it
+        partitions = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
         consumer.assign(partitions)
         ends = await consumer.end_offsets(partitions)
         await consumer.seek_to_beginning(*partitions)

@@ -64,7 +64,9 @@ def gateway_command(settings: Path) -> list[str]:
 async def inspect(env: dict[str, str], settings: Path, tmp_path: Path, *args: str) -> dict[str, Any]:
     """One Inspector CLI run against the gateway (which it starts over stdio): its JSON answer."""
     flags = [flag for k, v in env.items() for flag in ("-e", f"{k}={v}")]
-    command = [str(inspector()), "--cli", *flags, *args, "--", *gateway_command(settings)]
+    # The gateway starts slowly on a busy machine (its upstream, its broker, its warm-up): wait for it.
+    wait = ("--connect-timeout", "180000")
+    command = [str(inspector()), "--cli", *flags, *wait, *args, "--", *gateway_command(settings)]
     ran = await asyncio.to_thread(
         subprocess.run,
         command,
