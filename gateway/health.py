@@ -78,10 +78,6 @@ def readiness(
     return ready
 
 
-class _Session(Protocol):
-    async def send_tool_list_changed(self) -> None: ...
-
-
 class ToolsChanged:
     """The client sessions seen (held weakly: a closed session is forgotten), told when the tools change."""
 
