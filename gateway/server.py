@@ -45,6 +45,7 @@ from mcp.types import (
     Tool,
 )
 
+from gateway.questions import ConsoleAsk, answers_of, describe_link, stores
 from gateway.settings import GatewayConfig, GatewaySettingsError, SettingsFile
 from gateway.telemetry import GatewayMetrics
 from gateway.upstreams import Upstreams
@@ -153,16 +154,43 @@ class Gateway:
             call_upstream=self.upstreams.call,
             list_upstream=self._listing,
         )
-        ask = self._asker(ctx)
-        return await run_call(guard, name, params.arguments, instruction, ask, self.metrics)
+        console = self._console(ctx, config, user)
+        ask = None if console is not None and console.url_elicit is not None else self._asker(ctx)
+        return await run_call(guard, name, params.arguments, instruction, ask, self.metrics, console=console)
 
     async def _listing(self, refresh: bool) -> list[Tool]:
         return await self.upstreams.list_tools(refresh=refresh)
 
+    def _console(self, ctx: ServerRequestContext[Any, Any], config: GatewayConfig, user: str) -> ConsoleAsk | None:
+        """Asking in the console (`gateway.questions`), when the settings name one: by URL-mode elicitation
+        when the client offers it (and no form mode, or the settings prefer URL), else by a link."""
+        section = config.gateway
+        if section.console_url is None:
+            return None
+        store = stores(self.settings.path.parent / section.questions_file)
+        params = ctx.session.client_params
+        offered = params.capabilities.elicitation if params is not None else None
+        url_mode = offered is not None and offered.url is not None
+        form_mode = offered is not None and (offered.form is not None or offered.url is None)
+        console = ConsoleAsk(store, section.console_url, user, section.question_ttl_s)
+        if url_mode and (not form_mode or section.elicitation == "url"):
+
+            async def url_elicit(message: str, url: str, elicitation_id: str) -> str:
+                answer = await ctx.session.elicit_url(message, url, elicitation_id, related_request_id=ctx.request_id)
+                return str(answer.action)
+
+            async def complete(elicitation_id: str) -> None:
+                await ctx.session.send_elicit_complete(elicitation_id, related_request_id=ctx.request_id)
+
+            console.url_elicit, console.complete = url_elicit, complete
+        return console
+
     def _asker(self, ctx: ServerRequestContext[Any, Any]) -> Ask | None:
         capable = ctx.session.check_client_capability(ClientCapabilities(elicitation=ElicitationCapability()))
-        if not capable:
-            return None
+        params = ctx.session.client_params
+        offered = params.capabilities.elicitation if params is not None else None
+        if not capable or (offered is not None and offered.form is None and offered.url is not None):
+            return None  # no elicitation, or URL mode only: no form can be shown
 
         async def ask(message: str, schema: dict[str, Any]) -> tuple[str, dict[str, Any] | None]:
             answer = await ctx.session.elicit_form(message, schema, related_request_id=ctx.request_id)
@@ -199,21 +227,38 @@ async def run_call(
     instruction: list[dict[str, Any]],
     ask: Ask | None,
     metrics: GatewayMetrics | None = None,
+    *,
+    console: ConsoleAsk | None = None,
 ) -> tuple[CallToolResult, str]:
-    """One `tools/call` through the preflight, asking the user (`ask`) until it executes, holds, or the
-    user declines (see the module docstring): its result, and how it ended (a `GatewayMetrics` outcome);
-    each run and each question is counted in `metrics`."""
+    """One `tools/call` through the preflight, asking the user (`ask`, or in the console: `console`) until it
+    executes, holds, or the user declines (see the module docstring): its result, and how it ended (a
+    `GatewayMetrics` outcome); each run and each question is counted in `metrics`."""
     answers: dict[str, Any] = {}
     checklist: dict[str, Any] = {}
     approval: dict[str, Any] | None = None
     tool_attempt = intent_attempt = 0
+    origin = "elicitation"
+    taken = console.taken(name) if console is not None else None
+    if taken is not None:  # the user answered in the console since the last call under this key
+        if taken.state == "declined":
+            text = f"{name}: nothing was called: the user declined the question in the console"
+            return error_result(text), "declined"
+        said = answers_of(taken)
+        if taken.gate == "approval_required" and said.approved is not True:
+            return error_result(f"{name}: nothing was called: the user did not approve it"), "declined"
+        answers.update(said.user_answers)
+        checklist.update(said.checklist_answers)
+        approval = {"status": "active", "scope": name} if said.approved is True else None
+        if said.restatement is not None:
+            instruction = [*instruction, {"text": said.restatement, "trust": "user", "origin": "console"}]
+        origin = "console"
     for _ in range(MAX_QUESTIONS + 1):
         outcome = await guard.call_tool(
             name,
             arguments,
             instruction=instruction,
             user_answers=answers,
-            answers_origin="elicitation" if answers else None,
+            answers_origin=origin if answers else None,
             checklist_answers=checklist,
             approval=approval,
             tool_attempt=tool_attempt,
@@ -224,19 +269,38 @@ async def run_call(
         form = elicitation_form(outcome)
         if outcome.status != "asked" or form is None:
             return _result_of(outcome), outcome.status
-        if ask is None:
+        if ask is None and console is not None:
+            try:
+                reached = await console.ask(outcome, form)
+            except MCPError as exc:
+                if metrics is not None:
+                    metrics.asked("error")
+                return error_result(f"{outcome.describe()} (The question could not be asked: {exc})"), "asked"
+            if reached.how == "link":
+                return error_result(describe_link(outcome, reached.link)), "asked"
+            if metrics is not None:
+                metrics.asked("accept" if reached.how == "answered" else "decline")
+            if reached.how != "answered":
+                why = {"declined": "the user declined the question", "cancel": "the user did not open the question"}
+                text = why.get(reached.how, "the question expired unanswered")
+                return error_result(f"{name}: nothing was called: {text}"), "declined"
+            content = reached.question.answer
+            origin = "console"
+        elif ask is None:
             text = outcome.describe() + " (This client cannot be asked: it has no elicitation capability.)"
             return error_result(text), "asked"
-        try:
-            action, content = await ask(*form)
-        except MCPError as exc:
+        else:
+            try:
+                action, content = await ask(*form)
+            except MCPError as exc:
+                if metrics is not None:
+                    metrics.asked("error")
+                return error_result(f"{outcome.describe()} (The question could not be asked: {exc})"), "asked"
             if metrics is not None:
-                metrics.asked("error")
-            return error_result(f"{outcome.describe()} (The question could not be asked: {exc})"), "asked"
-        if metrics is not None:
-            metrics.asked(action)
-        if action != "accept":
-            return error_result(f"{name}: nothing was called: the user {action}d the question"), "declined"
+                metrics.asked(action)
+            if action != "accept":
+                return error_result(f"{name}: nothing was called: the user {action}d the question"), "declined"
+            origin = "elicitation"
         said = answers_from_form(outcome, content)
         answers.update(said.user_answers)
         checklist.update(said.checklist_answers)
@@ -248,7 +312,7 @@ async def run_call(
         elif outcome.gate in ("tool_undetermined", "intent_undetermined"):
             if said.restatement is None:
                 return error_result(f"{name}: nothing was called: no restatement was given"), "declined"
-            instruction = [*instruction, {"text": said.restatement, "trust": "user", "origin": "elicitation"}]
+            instruction = [*instruction, {"text": said.restatement, "trust": "user", "origin": origin}]
             gate = state.gate if state is not None else None
             tool_attempt = getattr(gate, "next_tool_attempt", None) or tool_attempt
             intent_attempt = getattr(gate, "next_intent_attempt", None) or intent_attempt

@@ -5,6 +5,10 @@
 mode = "enforce"            # or "shadow": record every decision, forward every call unchanged
 user = "u_01"               # the user whose calls arrive over stdio (HTTP: the bearer token's user)
 tokens_file = "tokens"      # HTTP only: lines "user:token" (tokens of 16 characters or more; # comments)
+console_url = "http://127.0.0.1:8000"   # ask in the console where the client cannot ask (gateway.questions)
+questions_file = "questions.sqlite"     # the questions store the console shares (relative to this file)
+question_ttl_s = 600                    # a question expires after this
+elicitation = "form"        # a client offering form and URL elicitation gets this one ("url": the console)
 
 [servers.git]               # an upstream over stdio ...
 command = "mcp-server-git"
@@ -101,6 +105,12 @@ class GatewaySection(BaseModel):
     mode: Literal["enforce", "shadow"] = "enforce"
     user: str = Field("local-user", min_length=1)
     tokens_file: str | None = None
+    # Asking in the console (gateway.questions): where the console is, the questions store (a SQLite file,
+    # relative to this file), how long a question stays open, and which mode a client offering both gets.
+    console_url: str | None = Field(None, pattern=r"^https?://")
+    questions_file: str = Field("questions.sqlite", min_length=1)
+    question_ttl_s: float = Field(600.0, gt=0, le=86_400)
+    elicitation: Literal["form", "url"] = "form"
 
 
 class GatewayConfig(BaseModel):
