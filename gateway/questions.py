@@ -21,9 +21,8 @@ that cannot be asked gets an ``isError`` result naming what is missing).
 
 from __future__ import annotations
 
-import json
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -46,6 +45,9 @@ __all__ = ["LEAVES_KEY", "ConsoleAsk", "Reached", "answers_of", "question_link",
 #: The member of a stored form that keeps each leaf's own JSON Schema (the form shows primitives only;
 #: the answer is read back with the leaf's schema, as a form answer is).
 LEAVES_KEY = "x-preflight-leaves"
+#: The member of a stored form that keeps what the user already answered in this call (a later call takes
+#: it with the answer: one call may need several questions, e.g. a value and then an approval).
+CARRIED_KEY = "x-preflight-carried"
 #: How often a URL-mode call looks at the store for the user's answer (seconds).
 POLL_S = 0.2
 
@@ -73,10 +75,20 @@ def stores(path: Path) -> QuestionStore:
     return _STORES[resolved]
 
 
-def stored_form(outcome: GuardedOutcome, form: tuple[str, dict[str, Any]]) -> dict[str, Any]:
-    """The requested schema as stored: the form, plus each missing leaf's own schema."""
+def stored_form(
+    outcome: GuardedOutcome, form: tuple[str, dict[str, Any]], carried: Answers | None = None
+) -> dict[str, Any]:
+    """The requested schema as stored: the form, each missing leaf's own schema, and what the user already
+    answered in this call (`carried`)."""
     leaves = {m.name: dict(m.schema) for m in outcome.missing}
-    return {**form[1], LEAVES_KEY: leaves}
+    stored = {**form[1], LEAVES_KEY: leaves}
+    if carried is not None and (carried.user_answers or carried.checklist_answers or carried.approved):
+        stored[CARRIED_KEY] = {
+            "user_answers": carried.user_answers,
+            "checklist_answers": carried.checklist_answers,
+            "approved": carried.approved is True,
+        }
+    return stored
 
 
 def answers_of(question: Question) -> Answers:
@@ -92,7 +104,14 @@ def answers_of(question: Question) -> Answers:
     shaped = GuardedOutcome(
         "asked", question.tool, gate=question.gate, missing=missing, unverified=unverified, reason="console"
     )
-    return answers_from_form(shaped, question.answer or {})
+    said = answers_from_form(shaped, question.answer or {})
+    carried = question.form.get(CARRIED_KEY) or {}
+    return Answers(
+        user_answers={**carried.get("user_answers", {}), **said.user_answers},
+        checklist_answers={**carried.get("checklist_answers", {}), **said.checklist_answers},
+        approved=True if carried.get("approved") is True and said.approved is None else said.approved,
+        restatement=said.restatement,
+    )
 
 
 @dataclass(frozen=True)
@@ -122,14 +141,16 @@ class ConsoleAsk:
         """The answer (or refusal) the user gave in the console for this key since the last call, once."""
         return self.store.take_settled(self.user_id, readable_key(self.user_id, tool))
 
-    async def ask(self, outcome: GuardedOutcome, form: tuple[str, dict[str, Any]]) -> Reached:
+    async def ask(
+        self, outcome: GuardedOutcome, form: tuple[str, dict[str, Any]], carried: Answers | None = None
+    ) -> Reached:
         state = outcome.state
         question = self.store.ask(
             user_id=self.user_id,
             action_key=readable_key(self.user_id, outcome.tool),
             tool=outcome.tool,
             message=form[0],
-            form=stored_form(outcome, form),
+            form=stored_form(outcome, form, carried),
             run_id=state.run_ref.run_id if state is not None and state.run_ref is not None else None,
             gate=outcome.gate,
             ttl_s=self.ttl_s,
@@ -169,12 +190,3 @@ def describe_link(outcome: GuardedOutcome, link: str) -> str:
         f"{outcome.describe()} Answer it in the console at {link} (signed in as the user who made this call),"
         f" then call {outcome.tool} again with the same arguments."
     )
-
-
-def form_of(question: Question) -> dict[str, Any]:
-    """The requested schema a client sees (without the stored leaves)."""
-    return {k: v for k, v in question.form.items() if k != LEAVES_KEY}
-
-
-def as_json(value: Mapping[str, Any]) -> str:
-    return json.dumps(value, sort_keys=True)

@@ -50,6 +50,7 @@ from gateway.settings import GatewayConfig, GatewaySettingsError, SettingsFile
 from gateway.telemetry import GatewayMetrics
 from gateway.upstreams import Upstreams
 from preflight.adapters.mcp import (
+    Answers,
     GuardedOutcome,
     GuardedSession,
     InstructionMetaError,
@@ -246,6 +247,7 @@ async def run_call(
         said = answers_of(taken)
         if taken.gate == "approval_required" and said.approved is not True:
             return error_result(f"{name}: nothing was called: the user did not approve it"), "declined"
+        # (a value answered earlier in the same exchange is carried with this answer: `gateway.questions`)
         answers.update(said.user_answers)
         checklist.update(said.checklist_answers)
         approval = {"status": "active", "scope": name} if said.approved is True else None
@@ -271,7 +273,8 @@ async def run_call(
             return _result_of(outcome), outcome.status
         if ask is None and console is not None:
             try:
-                reached = await console.ask(outcome, form)
+                carried = Answers(answers, checklist, approval is not None)
+                reached = await console.ask(outcome, form, carried)
             except MCPError as exc:
                 if metrics is not None:
                     metrics.asked("error")

@@ -133,7 +133,11 @@ def _signed_in(request: Request) -> str:
 def _show(request: Request, template: str, status: int = 200, **context: Any) -> HTMLResponse:
     from preflight_audit.console.routes import _page
 
-    return _page(request, template, status, who=None, **context)
+    response = _page(request, template, status, who=None, **context)
+    # "no-referrer" would make Chromium send `Origin: null` with this page's own form: same-origin keeps the
+    # origin for the console itself and still sends nothing to another site.
+    response.headers["Referrer-Policy"] = "same-origin"
+    return response
 
 
 def _inputs(question: Question) -> list[dict[str, Any]]:
