@@ -45,6 +45,7 @@ from mcp.types import (
     Tool,
 )
 
+from gateway.effects import Settled, ask_the_user, settle_first
 from gateway.questions import ConsoleAsk, answers_of, describe_link, stores
 from gateway.settings import GatewayConfig, GatewaySettingsError, SettingsFile
 from gateway.telemetry import GatewayMetrics
@@ -59,6 +60,7 @@ from preflight.adapters.mcp import (
     instruction_from_meta,
 )
 from preflight.api import Preflight
+from preflight.records import ExecutionRecord
 
 __all__ = ["MAX_QUESTIONS", "Gateway", "error_result"]
 
@@ -152,12 +154,23 @@ class Gateway:
             agent_id=agent,
             policy=config.policy_for(user),
             shadow=config.shadow,
-            call_upstream=self.upstreams.call,
+            call_upstream=lambda tool, args, meta: self.upstreams.call(
+                tool, args, meta, timeout_s=config.timeout_for(user, tool)
+            ),
             list_upstream=self._listing,
         )
         console = self._console(ctx, config, user)
+        settled = await settle_first(
+            self.preflight,
+            user,
+            name,
+            readback=config.tool_entry(user, name).readback,
+            call=lambda tool, args: self.upstreams.call(tool, args, {}, timeout_s=config.timeout_for(user, tool)),
+            console=console,
+        )
         ask = None if console is not None and console.url_elicit is not None else self._asker(ctx)
-        return await run_call(guard, name, params.arguments, instruction, ask, self.metrics, console=console)
+        result, how = await run_call(guard, name, params.arguments, instruction, ask, self.metrics, console=console)
+        return with_effect(result, how, settled, self.preflight.unsettled_effect(user, name), console), how
 
     async def _listing(self, refresh: bool) -> list[Tool]:
         return await self.upstreams.list_tools(refresh=refresh)
@@ -211,6 +224,49 @@ class Gateway:
             on_list_tools=self.list_tools,
             on_call_tool=self.call_tool,
         )
+
+
+#: The result ``_meta`` key that says how an unknown effect stands (`gateway.effects`).
+EFFECT_META_KEY = "preflight-audit/effect"
+
+
+def with_effect(
+    result: CallToolResult,
+    how: str,
+    settled: Settled,
+    unsettled: ExecutionRecord | None,
+    console: ConsoleAsk | None,
+) -> CallToolResult:
+    """`result`, saying which case happened to an unknown effect: this call's effect is unknown, an earlier
+    one's was read back before this call, or an earlier one's is still unknown (so this call held)."""
+    notes: dict[str, Any] = {}
+    text = ""
+    if settled.how == "settled" and settled.record is not None:
+        took = settled.record.execution_decision == "executed"
+        notes["read_back"] = {"run_id": _run_id(settled.record), "took_effect": took, "reason": settled.record.reason}
+    if unsettled is not None:
+        notes["unknown"] = {"run_id": _run_id(unsettled), "reason": unsettled.reason}
+        tool = unsettled.fixed.c3_provider_action_name if unsettled.fixed is not None else None
+        link = ask_the_user(console, unsettled, tool) if console is not None and tool is not None else None
+        if how == "effect_unknown":
+            text = " Nothing will call it again until it is known whether it took effect."
+        else:
+            text = f" An earlier call of it may have acted (its effect is unknown: {settled.why or unsettled.reason})."
+        if link is not None:
+            notes["unknown"]["link"] = link
+            text += f" Say whether it took effect at {link}, then call again."
+    if not notes:
+        return result
+    content = list(result.content)
+    if text and result.is_error:
+        first = content[0] if content and isinstance(content[0], TextContent) else None
+        content = [TextContent(type="text", text=(first.text if first else "") + text), *content[1 if first else 0 :]]
+    meta = {**(result.meta or {}), EFFECT_META_KEY: notes}
+    return result.model_copy(update={"content": content, "meta": meta})
+
+
+def _run_id(record: ExecutionRecord) -> str | None:
+    return record.run_ref.run_id if record.run_ref is not None else None
 
 
 def _result_of(outcome: GuardedOutcome) -> CallToolResult:

@@ -24,6 +24,11 @@ approved = true             # a standing approval (a tool that is not read-only 
 pre_set = { repo_path = "/home/me/repo" }   # values set in advance
 inherit = ["repo_path"]     # arguments a later call may take from the last executed one
 checklist = [{ id = "clean", description = "the working tree is clean" }]
+timeout_s = 30              # no answer by then: the effect is unknown (default [gateway] call_timeout_s = 60)
+[tools.git_create_branch.readback]   # how a call whose effect is unknown is read back (gateway.effects)
+tool = "git_branch"
+arguments = { repo_path = "{repo_path}", branch_type = "local" }
+took_effect_if = "(?m)^[* ]*{branch_name}$"
 
 [users.u_02.tools.git_create_branch]        # one user's settings for a tool, over [tools.*] key by key
 pre_set = { repo_path = "/home/u2/repo" }
@@ -83,9 +88,23 @@ class ChecklistItem(BaseModel):
     description: str | None = None
 
 
+class ReadBackEntry(BaseModel):
+    """How a call whose effect is unknown is read back (`gateway.effects`): a read-only tool, its arguments
+    (``{name}`` is replaced by the unknown call's argument `name`), and a regular expression (placeholders
+    filled in, escaped) whose match in the tool's text means "took effect"; no match means "did not"."""
+
+    model_config = _STRICT
+
+    tool: str = Field(min_length=1)
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    took_effect_if: str = Field(min_length=1)
+
+
 class ToolEntry(BaseModel):
     model_config = _STRICT
 
+    timeout_s: float | None = Field(None, gt=0, le=86_400)
+    readback: ReadBackEntry | None = None
     action: str | None = Field(None, min_length=1)
     approved: bool | None = None
     pre_set: dict[str, Any] | None = None
@@ -111,6 +130,8 @@ class GatewaySection(BaseModel):
     questions_file: str = Field("questions.sqlite", min_length=1)
     question_ttl_s: float = Field(600.0, gt=0, le=86_400)
     elicitation: Literal["form", "url"] = "form"
+    # A call with no answer after this long (a tool's own `timeout_s` first) has an unknown effect.
+    call_timeout_s: float = Field(60.0, gt=0, le=86_400)
 
 
 class GatewayConfig(BaseModel):
@@ -126,6 +147,21 @@ class GatewayConfig(BaseModel):
     @property
     def shadow(self) -> bool:
         return self.gateway.mode == "shadow"
+
+    def tool_entry(self, user: str, tool: str) -> ToolEntry:
+        """``[users.<user>.tools.<tool>]`` over ``[tools.<tool>]``, key by key."""
+        mine = self.users.get(user, UserEntry()).tools.get(tool, ToolEntry())
+        return ToolEntry.model_validate(
+            {
+                **self.tools.get(tool, ToolEntry()).model_dump(exclude_none=True),
+                **mine.model_dump(exclude_none=True),
+            }
+        )
+
+    def timeout_for(self, user: str, tool: str) -> float:
+        """How long a call of `tool` may go unanswered before its effect is unknown."""
+        own = self.tool_entry(user, tool).timeout_s
+        return own if own is not None else self.gateway.call_timeout_s
 
     def policy_for(self, user: str) -> CallPolicy:
         """Every tool's policy for `user`: ``[users.<user>.tools.<tool>]`` over ``[tools.<tool>]``, key by key."""
