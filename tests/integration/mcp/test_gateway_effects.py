@@ -111,7 +111,7 @@ class TestEffectUnknown:
         assert rebuild_record(sink.run(unknowns[0].run_id)).execution_decision == "failed"
         assert (third.meta or {})[EFFECT_META_KEY]["read_back"]["took_effect"] is False
         gates = [e for e in sink.events if e.event_type == "gate_blocked" and e.kind == "admission_effect_unknown"]
-        assert len(gates) == 1 and gates[0].gate["code"] == "timed_out_without_readback"
+        assert len(gates) == 1 and (gates[0].gate or {}).get("code") == "timed_out_without_readback"
         assert "feature-y" not in branches(git_repository)
 
     async def test_the_users_word_in_the_console_settles_it(
