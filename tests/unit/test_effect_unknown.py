@@ -57,7 +57,7 @@ class TestTheEngine:
         _, outcome = await unknown_call(pf)
         held = await pf.run_and_record(sc.transfer(user_answers=sc.READY_ANSWERS, **APPROVED))
         assert held.execution_decision == "hold"
-        assert held.gate is not None and held.gate.code == "timed_out_without_readback"  # type: ignore[union-attr]
+        assert held.gate is not None and held.gate.code == "timed_out_without_readback"
         settled = await pf.settle_effect(outcome.state, took_effect=False, basis="user", reason="the user said")
         assert settled.execution_decision == "failed"
         again = await pf.run_and_record(sc.transfer(user_answers=sc.READY_ANSWERS, **APPROVED))
@@ -79,7 +79,7 @@ class TestTheEngine:
             "amount": "instruction",
             "from_account": "pre_set_data",
         }
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match="only a recorded effect_unknown"):
             await pf.settle_effect(settled, took_effect=True, basis="user", reason="again")
 
     async def test_a_read_back_without_an_unknown_effect_breaks_the_chain(self) -> None:
