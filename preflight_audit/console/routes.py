@@ -246,7 +246,7 @@ _SEARCH_COLUMNS = (
     "gap_class",
     "readable_action_key",
 )
-DECISIONS = ("execute", "ask_user", "hold", "deferred", "executed", "failed")
+DECISIONS = ("execute", "ask_user", "hold", "deferred", "executed", "failed", "effect_unknown")
 
 
 @router.get("/", response_class=HTMLResponse)
@@ -412,6 +412,7 @@ def run_page(
     run = found[0]
     fields = who.rows("provenance", _run(con, "provenance", run_id=run_id))
     slots = who.rows("responsibility", _run(con, "responsibility", run_id=run_id))
+    effects = _run(con, "effects", run_id=run_id)  # a call whose effect was unknown, and its read-back
     csv = _csv(request, {"fields": (_FIELD_COLUMNS, fields), "responsibility": (_columns(slots), slots)})
     if csv is not None:
         return csv
@@ -424,6 +425,7 @@ def run_page(
         slots=slots,
         steps=pages.run_steps(run, fields),
         gate=pages.gate_in_words(run),
+        effects=effects,
     )
 
 

@@ -13,14 +13,18 @@ from typing import Any, cast
 
 import httpx
 import pytest
+from fastapi.testclient import TestClient
 from mcp import StdioServerParameters
 from mcp.types import RequestParamsMeta
 
+import queries
 from gateway.server import EFFECT_META_KEY
 from preflight import rebuild_record
 from preflight.adapters.mcp import result_text
+from preflight_audit.access import parse_tokens
+from preflight_audit.api import create_app
 from tests.gateway_support import client_of, engine, running_gateway, stdio_entry, write_settings
-from tests.integration.mcp.test_gateway_console import ALICE_TOKEN, RecordingSink, served_console
+from tests.integration.mcp.test_gateway_console import ALICE_TOKEN, RecordingSink, project, served_console
 from tests.mcp_servers import git
 
 pytestmark = pytest.mark.integration
@@ -89,6 +93,28 @@ class TestEffectUnknown:
             "branch_name": "pre_set_data",
         }
         assert not any(e.event_type == "execution_failed" and e.run_id == unknown.run_id for e in sink.events)
+        self._the_console_shows_it(tmp_path, sink, unknown.run_id)
+
+    def _the_console_shows_it(self, tmp_path: Path, sink: RecordingSink, run_id: str) -> None:
+        """Projected as the projector writes it: the run's outcome and its read-back, in the console and in
+        the `effects` query; `integrity` finds nothing wrong with a run that has two tail events."""
+        con = project(sink, tmp_path / "audit.duckdb")
+        try:
+            (effect,) = queries.run(con, "effects", run_id=run_id).dicts()
+            findings = [f for f in queries.run(con, "integrity").dicts() if f["run_id"] == run_id]
+            (run,) = queries.run(con, "runs_search", run_id=run_id).dicts()
+        finally:
+            con.close()
+        assert effect["cause"] == "connection_closed" and effect["settled"] == "took effect"
+        assert effect["read_back_basis"] == "readback_tool" and effect["read_back_tool"] == "git_branch"
+        assert findings == [] and run["outcome"] == "executed"
+        token = "compliance-token-0123456789abcdef"
+        app = create_app(tmp_path / "audit.duckdb", tokens=parse_tokens(f"compliance:{token}", None))
+        with TestClient(app, headers={"Authorization": f"Bearer {token}"}) as console:
+            page = console.get(f"/console/run/{run_id}")
+        assert page.status_code == 200, page.text
+        assert 'data-settled="took effect"' in page.text and "the read-only tool git_branch" in page.text
+        assert "connection_closed" in page.text
 
     async def test_a_hang_past_the_timeout_is_unknown_holds_then_reads_back_as_not_taken(
         self, tmp_path: Path, git_repository: Path, git_params: StdioServerParameters
