@@ -45,11 +45,14 @@ from mcp.types import (
     Tool,
 )
 
+from gateway.effects import Settled, ask_the_user, settle_first
 from gateway.health import ToolsChanged
+from gateway.questions import ConsoleAsk, answers_of, describe_link, stores
 from gateway.settings import GatewayConfig, GatewaySettingsError, SettingsFile
 from gateway.telemetry import GatewayMetrics
 from gateway.upstreams import Upstreams
 from preflight.adapters.mcp import (
+    Answers,
     GuardedOutcome,
     GuardedSession,
     InstructionMetaError,
@@ -58,6 +61,7 @@ from preflight.adapters.mcp import (
     instruction_from_meta,
 )
 from preflight.api import Preflight
+from preflight.records import ExecutionRecord
 
 __all__ = ["MAX_QUESTIONS", "Gateway", "error_result"]
 
@@ -155,13 +159,25 @@ class Gateway:
             agent_id=agent,
             policy=config.policy_for(user),
             shadow=config.shadow,
-            call_upstream=self._forward,
+            call_upstream=lambda tool, args, meta: self._forward(
+                tool, args, meta, timeout_s=config.timeout_for(user, tool)
+            ),
             list_upstream=self._listing,
             admit_reads=True,
             environment_of=self._environment,
         )
-        ask = self._asker(ctx)
-        result, how = await run_call(guard, name, params.arguments, instruction, ask, self.metrics)
+        console = self._console(ctx, config, user)
+        settled = await settle_first(
+            self.preflight,
+            user,
+            name,
+            readback=config.tool_entry(user, name).readback,
+            call=lambda tool, args: self.upstreams.call(tool, args, {}, timeout_s=config.timeout_for(user, tool)),
+            console=console,
+        )
+        ask = None if console is not None and console.url_elicit is not None else self._asker(ctx)
+        result, how = await run_call(guard, name, params.arguments, instruction, ask, self.metrics, console=console)
+        result = with_effect(result, how, settled, self.preflight.unsettled_effect(user, name), console)
         return self._named_down(name, result), how
 
     def _named_down(self, name: str, result: CallToolResult) -> CallToolResult:
@@ -172,11 +188,13 @@ class Gateway:
         said = f"upstream {down.name!r} is down ({down.error or 'stopped'}); it is being reconnected"
         return result.model_copy(update={"content": [*result.content, TextContent(type="text", text=said)]})
 
-    async def _forward(self, name: str, arguments: dict[str, Any], meta: dict[str, Any]) -> CallToolResult:
+    async def _forward(
+        self, name: str, arguments: dict[str, Any], meta: dict[str, Any], *, timeout_s: float | None = None
+    ) -> CallToolResult:
         """An upstream call, timed into ``preflight_gateway_upstream_seconds``."""
         started = time.perf_counter()
         try:
-            return await self.upstreams.call(name, arguments, meta)
+            return await self.upstreams.call(name, arguments, meta, timeout_s=timeout_s)
         finally:
             self.metrics.upstream_seconds.observe(time.perf_counter() - started)
 
@@ -192,10 +210,36 @@ class Gateway:
             return None
         return {"status": "upstream_down", "upstream": down.name, "detail": down.error or "stopped"}
 
+    def _console(self, ctx: ServerRequestContext[Any, Any], config: GatewayConfig, user: str) -> ConsoleAsk | None:
+        """Asking in the console (`gateway.questions`), when the settings name one: by URL-mode elicitation
+        when the client offers it (and no form mode, or the settings prefer URL), else by a link."""
+        section = config.gateway
+        if section.console_url is None:
+            return None
+        store = stores(self.settings.path.parent / section.questions_file)
+        params = ctx.session.client_params
+        offered = params.capabilities.elicitation if params is not None else None
+        url_mode = offered is not None and offered.url is not None
+        form_mode = offered is not None and (offered.form is not None or offered.url is None)
+        console = ConsoleAsk(store, section.console_url, user, section.question_ttl_s)
+        if url_mode and (not form_mode or section.elicitation == "url"):
+
+            async def url_elicit(message: str, url: str, elicitation_id: str) -> str:
+                answer = await ctx.session.elicit_url(message, url, elicitation_id, related_request_id=ctx.request_id)
+                return str(answer.action)
+
+            async def complete(elicitation_id: str) -> None:
+                await ctx.session.send_elicit_complete(elicitation_id, related_request_id=ctx.request_id)
+
+            console.url_elicit, console.complete = url_elicit, complete
+        return console
+
     def _asker(self, ctx: ServerRequestContext[Any, Any]) -> Ask | None:
         capable = ctx.session.check_client_capability(ClientCapabilities(elicitation=ElicitationCapability()))
-        if not capable:
-            return None
+        params = ctx.session.client_params
+        offered = params.capabilities.elicitation if params is not None else None
+        if not capable or (offered is not None and offered.form is None and offered.url is not None):
+            return None  # no elicitation, or URL mode only: no form can be shown
 
         async def ask(message: str, schema: dict[str, Any]) -> tuple[str, dict[str, Any] | None]:
             answer = await ctx.session.elicit_form(message, schema, related_request_id=ctx.request_id)
@@ -217,6 +261,49 @@ class Gateway:
         )
 
 
+#: The result ``_meta`` key that says how an unknown effect stands (`gateway.effects`).
+EFFECT_META_KEY = "preflight-audit/effect"
+
+
+def with_effect(
+    result: CallToolResult,
+    how: str,
+    settled: Settled,
+    unsettled: ExecutionRecord | None,
+    console: ConsoleAsk | None,
+) -> CallToolResult:
+    """`result`, saying which case happened to an unknown effect: this call's effect is unknown, an earlier
+    one's was read back before this call, or an earlier one's is still unknown (so this call held)."""
+    notes: dict[str, Any] = {}
+    text = ""
+    if settled.how == "settled" and settled.record is not None:
+        took = settled.record.execution_decision == "executed"
+        notes["read_back"] = {"run_id": _run_id(settled.record), "took_effect": took, "reason": settled.record.reason}
+    if unsettled is not None:
+        notes["unknown"] = {"run_id": _run_id(unsettled), "reason": unsettled.reason}
+        tool = unsettled.fixed.c3_provider_action_name if unsettled.fixed is not None else None
+        link = ask_the_user(console, unsettled, tool) if console is not None and tool is not None else None
+        if how == "effect_unknown":
+            text = " Nothing will call it again until it is known whether it took effect."
+        else:
+            text = f" An earlier call of it may have acted (its effect is unknown: {settled.why or unsettled.reason})."
+        if link is not None:
+            notes["unknown"]["link"] = link
+            text += f" Say whether it took effect at {link}, then call again."
+    if not notes:
+        return result
+    content = list(result.content)
+    if text and result.is_error:
+        first = content[0] if content and isinstance(content[0], TextContent) else None
+        content = [TextContent(type="text", text=(first.text if first else "") + text), *content[1 if first else 0 :]]
+    meta = {**(result.meta or {}), EFFECT_META_KEY: notes}
+    return result.model_copy(update={"content": content, "meta": meta})
+
+
+def _run_id(record: ExecutionRecord) -> str | None:
+    return record.run_ref.run_id if record.run_ref is not None else None
+
+
 def _result_of(outcome: GuardedOutcome) -> CallToolResult:
     if outcome.status in ("executed", "forwarded", "failed") and outcome.result is not None:
         return outcome.result
@@ -232,21 +319,39 @@ async def run_call(
     instruction: list[dict[str, Any]],
     ask: Ask | None,
     metrics: GatewayMetrics | None = None,
+    *,
+    console: ConsoleAsk | None = None,
 ) -> tuple[CallToolResult, str]:
-    """One `tools/call` through the preflight, asking the user (`ask`) until it executes, holds, or the
-    user declines (see the module docstring): its result, and how it ended (a `GatewayMetrics` outcome);
-    each run and each question is counted in `metrics`."""
+    """One `tools/call` through the preflight, asking the user (`ask`, or in the console: `console`) until it
+    executes, holds, or the user declines (see the module docstring): its result, and how it ended (a
+    `GatewayMetrics` outcome); each run and each question is counted in `metrics`."""
     answers: dict[str, Any] = {}
     checklist: dict[str, Any] = {}
     approval: dict[str, Any] | None = None
     tool_attempt = intent_attempt = 0
+    origin = "elicitation"
+    taken = console.taken(name) if console is not None else None
+    if taken is not None:  # the user answered in the console since the last call under this key
+        if taken.state == "declined":
+            text = f"{name}: nothing was called: the user declined the question in the console"
+            return error_result(text), "declined"
+        said = answers_of(taken)
+        if taken.gate == "approval_required" and said.approved is not True:
+            return error_result(f"{name}: nothing was called: the user did not approve it"), "declined"
+        # (a value answered earlier in the same exchange is carried with this answer: `gateway.questions`)
+        answers.update(said.user_answers)
+        checklist.update(said.checklist_answers)
+        approval = {"status": "active", "scope": name} if said.approved is True else None
+        if said.restatement is not None:
+            instruction = [*instruction, {"text": said.restatement, "trust": "user", "origin": "console"}]
+        origin = "console"
     for _ in range(MAX_QUESTIONS + 1):
         outcome = await guard.call_tool(
             name,
             arguments,
             instruction=instruction,
             user_answers=answers,
-            answers_origin="elicitation" if answers else None,
+            answers_origin=origin if answers else None,
             checklist_answers=checklist,
             approval=approval,
             tool_attempt=tool_attempt,
@@ -257,20 +362,40 @@ async def run_call(
         form = elicitation_form(outcome)
         if outcome.status != "asked" or form is None:
             return _result_of(outcome), outcome.status
-        if ask is None:
+        if ask is None and console is not None:
+            try:
+                carried = Answers(answers, checklist, approval is not None)
+                reached = await console.ask(outcome, form, carried)
+            except MCPError as exc:
+                if metrics is not None:
+                    metrics.asked("error")
+                return error_result(f"{outcome.describe()} (The question could not be asked: {exc})"), "asked"
+            if reached.how == "link":
+                return error_result(describe_link(outcome, reached.link)), "asked"
+            if metrics is not None:
+                metrics.asked("accept" if reached.how == "answered" else "decline")
+            if reached.how != "answered":
+                why = {"declined": "the user declined the question", "cancel": "the user did not open the question"}
+                text = why.get(reached.how, "the question expired unanswered")
+                return error_result(f"{name}: nothing was called: {text}"), "declined"
+            content = reached.question.answer
+            origin = "console"
+        elif ask is None:
             text = outcome.describe() + " (This client cannot be asked: it has no elicitation capability.)"
             return error_result(text), "asked"
-        try:
-            action, content = await ask(*form)
-        except MCPError as exc:
+        else:
+            try:
+                action, content = await ask(*form)
+            except MCPError as exc:
+                if metrics is not None:
+                    metrics.asked("error")
+                return error_result(f"{outcome.describe()} (The question could not be asked: {exc})"), "asked"
             if metrics is not None:
-                metrics.asked("error")
-            return error_result(f"{outcome.describe()} (The question could not be asked: {exc})"), "asked"
-        if metrics is not None:
-            metrics.asked(action)
-        if action != "accept":
-            said_no = {"decline": "declined", "cancel": "cancelled"}.get(action, f"answered {action!r} to")
-            return error_result(f"{name}: nothing was called: the user {said_no} the question"), "declined"
+                metrics.asked(action)
+            if action != "accept":
+                said_no = {"decline": "declined", "cancel": "cancelled"}.get(action, f"answered {action!r} to")
+                return error_result(f"{name}: nothing was called: the user {said_no} the question"), "declined"
+            origin = "elicitation"
         said = answers_from_form(outcome, content)
         answers.update(said.user_answers)
         checklist.update(said.checklist_answers)
@@ -282,7 +407,7 @@ async def run_call(
         elif outcome.gate in ("tool_undetermined", "intent_undetermined"):
             if said.restatement is None:
                 return error_result(f"{name}: nothing was called: no restatement was given"), "declined"
-            instruction = [*instruction, {"text": said.restatement, "trust": "user", "origin": "elicitation"}]
+            instruction = [*instruction, {"text": said.restatement, "trust": "user", "origin": origin}]
             gate = state.gate if state is not None else None
             tool_attempt = getattr(gate, "next_tool_attempt", None) or tool_attempt
             intent_attempt = getattr(gate, "next_intent_attempt", None) or intent_attempt

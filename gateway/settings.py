@@ -5,6 +5,10 @@
 mode = "enforce"            # or "shadow": record every decision, forward every call unchanged
 user = "u_01"               # the user whose calls arrive over stdio (HTTP: the bearer token's user)
 tokens_file = "tokens"      # HTTP only: lines "user:token" (tokens of 16 characters or more; # comments)
+console_url = "http://127.0.0.1:8000"   # ask in the console where the client cannot ask (gateway.questions)
+questions_file = "questions.sqlite"     # the questions store the console shares (relative to this file)
+question_ttl_s = 600                    # a question expires after this
+elicitation = "form"        # a client offering form and URL elicitation gets this one ("url": the console)
 
 [servers.git]               # an upstream over stdio ...
 command = "mcp-server-git"
@@ -24,6 +28,11 @@ read_only = false           # true: named read-only (admitted, not preflighted; 
                             # itself says it is not read-only
 full_preflight = false      # true: a read-only tool judged by the full preflight, like a write
 allow_undeclared = false    # true: arguments its `properties` does not declare are passed on (else refused)
+timeout_s = 30              # no answer by then: the effect is unknown (default [gateway] call_timeout_s = 60)
+[tools.git_create_branch.readback]   # how a call whose effect is unknown is read back (gateway.effects)
+tool = "git_branch"
+arguments = { repo_path = "{repo_path}", branch_type = "local" }
+took_effect_if = "(?m)^[* ]*{branch_name}$"
 
 [users.u_02.tools.git_create_branch]        # one user's settings for a tool, over [tools.*] key by key
 pre_set = { repo_path = "/home/u2/repo" }
@@ -84,9 +93,23 @@ class ChecklistItem(BaseModel):
     description: str | None = None
 
 
+class ReadBackEntry(BaseModel):
+    """How a call whose effect is unknown is read back (`gateway.effects`): a read-only tool, its arguments
+    (``{name}`` is replaced by the unknown call's argument `name`), and a regular expression (placeholders
+    filled in, escaped) whose match in the tool's text means "took effect"; no match means "did not"."""
+
+    model_config = _STRICT
+
+    tool: str = Field(min_length=1)
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    took_effect_if: str = Field(min_length=1)
+
+
 class ToolEntry(BaseModel):
     model_config = _STRICT
 
+    timeout_s: float | None = Field(None, gt=0, le=86_400)
+    readback: ReadBackEntry | None = None
     action: str | None = Field(None, min_length=1)
     approved: bool | None = None
     pre_set: dict[str, Any] | None = None
@@ -109,6 +132,14 @@ class GatewaySection(BaseModel):
     mode: Literal["enforce", "shadow"] = "enforce"
     user: str = Field("local-user", min_length=1)
     tokens_file: str | None = None
+    # Asking in the console (gateway.questions): where the console is, the questions store (a SQLite file,
+    # relative to this file), how long a question stays open, and which mode a client offering both gets.
+    console_url: str | None = Field(None, pattern=r"^https?://")
+    questions_file: str = Field("questions.sqlite", min_length=1)
+    question_ttl_s: float = Field(600.0, gt=0, le=86_400)
+    elicitation: Literal["form", "url"] = "form"
+    # A call with no answer after this long (a tool's own `timeout_s` first) has an unknown effect.
+    call_timeout_s: float = Field(60.0, gt=0, le=86_400)
 
 
 class GatewayConfig(BaseModel):
@@ -124,6 +155,21 @@ class GatewayConfig(BaseModel):
     @property
     def shadow(self) -> bool:
         return self.gateway.mode == "shadow"
+
+    def tool_entry(self, user: str, tool: str) -> ToolEntry:
+        """``[users.<user>.tools.<tool>]`` over ``[tools.<tool>]``, key by key."""
+        mine = self.users.get(user, UserEntry()).tools.get(tool, ToolEntry())
+        return ToolEntry.model_validate(
+            {
+                **self.tools.get(tool, ToolEntry()).model_dump(exclude_none=True),
+                **mine.model_dump(exclude_none=True),
+            }
+        )
+
+    def timeout_for(self, user: str, tool: str) -> float:
+        """How long a call of `tool` may go unanswered before its effect is unknown."""
+        own = self.tool_entry(user, tool).timeout_s
+        return own if own is not None else self.gateway.call_timeout_s
 
     def policy_for(self, user: str) -> CallPolicy:
         """Every tool's policy for `user`: ``[users.<user>.tools.<tool>]`` over ``[tools.<tool>]``, key by key."""

@@ -98,7 +98,7 @@ class GatewayMetrics:
         """Count one recorded run (its first decision: ``execute``, ``ask_user``, ``hold``, ...)."""
         gap = next((g for e in state.run_events if isinstance(g := getattr(e, "gap_class", None), str)), None)
         decision = state.execution_decision
-        if decision in ("executed", "failed"):
+        if decision in ("executed", "failed", "effect_unknown"):
             decision = "execute"
         self.decisions.labels(decision=decision, gap_class=gap or "none").inc()
 

@@ -265,7 +265,9 @@ class Upstreams:
                 return up
         raise UnknownTool(name)
 
-    async def call(self, name: str, arguments: dict[str, Any], meta: dict[str, Any]) -> CallToolResult:
+    async def call(
+        self, name: str, arguments: dict[str, Any], meta: dict[str, Any], *, timeout_s: float | None = None
+    ) -> CallToolResult:
         """Call `name` on the upstream that offers it. Raises `UnknownTool` or `UpstreamUnavailable`; an
         upstream that exits mid-call raises the SDK's error, one that does not answer in time a timeout."""
         up = self.owner(name)
@@ -274,7 +276,8 @@ class Upstreams:
             raise UpstreamUnavailable(f"upstream {up.name!r} is not connected ({up.error or 'stopped'})")
         request_meta = RequestParamsMeta(**meta) if meta else None  # type: ignore[typeddict-item]
         try:
-            return await session.call_tool(name, arguments, self._call_timeout, meta=request_meta)
+            timeout = self._call_timeout if timeout_s is None else timeout_s
+            return await session.call_tool(name, arguments, timeout, meta=request_meta)
         except MCPError as exc:
             if exc.error.code == CONNECTION_CLOSED and up.session is session:
                 # The upstream is gone (its process exited): it is down from now on, not only once its

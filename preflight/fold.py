@@ -1,9 +1,12 @@
 """The fold: per-`action_key` state from the event log, and the executed-only baseline (SPEC §6).
 
 `evolve(state, message, position)` is a pure function. A message is what the transport carries: a
-whole run (its events from seq 0 to `run_closed`) or a run's tail (`executed` / `execution_failed`).
-Only an `executed` tail for a run whose closed decision was `execute`, with an intact chain, moves
-the baseline. Everything else that is wrong is an anomaly: the state does not change and the caller
+whole run (its events from seq 0 to `run_closed`) or a run's tail (`executed` / `execution_failed` /
+`effect_unknown`, and after an `effect_unknown` its `effect_read_back`). Only an `executed` tail for a run
+whose closed decision was `execute`, with an intact chain, moves the baseline -- or the read-back of an
+`effect_unknown` that says the call took effect (the run then counts as executed, its origins kept). An
+`effect_unknown` run waits, counted in ``effect_unknown`` until it is read back; it is never `failed`.
+Everything else that is wrong is an anomaly: the state does not change and the caller
 routes the message to the dead-letter topic with the reason.
 
 An outcome must also match the run's approved decision: the same `decision_id`, tool and arguments
@@ -25,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from preflight.chain import TAIL_EVENT_TYPES, hash_matches, message_problem
+from preflight.chain import READ_BACK_EVENT_TYPE, TAIL_EVENT_TYPES, hash_matches, message_problem
 from preflight.emit import rebuild_record
 from preflight.errors import ChainError, EventDecodeError
 from preflight.events import EVENT_TYPES, SUPPORTED_EVENT_VERSIONS, decode_event
@@ -68,7 +71,14 @@ def initial_state(action_key: str) -> dict[str, Any]:
         "action_key": action_key,
         "partition": None,
         "applied_offset": -1,
-        "counts": {"runs": 0, **{d: 0 for d in DECISIONS}, "executed": 0, "failed": 0, "duplicates": 0},
+        "counts": {
+            "runs": 0,
+            **{d: 0 for d in DECISIONS},
+            "executed": 0,
+            "failed": 0,
+            "effect_unknown": 0,
+            "duplicates": 0,
+        },
         "awaiting": {},
         "recent": {},
         "event_ids": [],
@@ -229,7 +239,10 @@ def _remember_event_ids(state: dict[str, Any], events: Sequence[Mapping[str, Any
 
 
 def _decision_problem(
-    run_events: Sequence[Mapping[str, Any]], tail: Mapping[str, Any], verifier: DecisionVerifier | None
+    run_events: Sequence[Mapping[str, Any]],
+    tail: Mapping[str, Any],
+    verifier: DecisionVerifier | None,
+    occurred_at: str | None = None,
 ) -> str | None:
     """Why `tail` is not an outcome of its run's approved decision (None if it is)."""
     outcome = tail["event_type"]
@@ -252,7 +265,7 @@ def _decision_problem(
     problem = verifier.check_signature(signed)
     if problem is not None:
         return f"{outcome} for decision {signed.decision_id!r:.80} with an invalid signature: {problem}"
-    happened = parse_time(tail["occurred_at"])
+    happened = parse_time(occurred_at or tail["occurred_at"])
     if happened is None:
         return f"{outcome} has no readable occurred_at to compare with the decision's expiry"
     problem = verifier.check_times(signed, happened)
@@ -278,14 +291,34 @@ def _apply_tail(
         if seen is not None:
             return _anomaly(state, f"second outcome for run {run_id} (replayed decision)")
         return _anomaly(state, f"{tail['event_type']} for a run without a recorded execute decision")
+    kind = tail["event_type"]
+    unknown = waiting.get("effect_unknown") is True
+    if unknown != (kind == READ_BACK_EVENT_TYPE):
+        if unknown:
+            return _anomaly(state, f"{kind} for run {run_id}, whose effect is unknown: only its read-back may follow")
+        return _anomaly(state, f"{kind} for run {run_id}, whose effect is not unknown")
     linked = message_problem(events, after=(waiting["last_seq"], waiting["last_hash"]))
     if linked is not None:
         return _anomaly(state, f"broken hash chain: {linked[1]}")
-    problem = _decision_problem(waiting["events"], tail, verifier) or _reused_event_id(state, events)
+    # A read-back is judged against the decision as of the call (its `effect_unknown`), not as of its reading.
+    when = waiting["events"][-1].get("occurred_at") if unknown else None
+    problem = _decision_problem(waiting["events"], tail, verifier, when) or _reused_event_id(state, events)
     if problem is not None:
         return _anomaly(state, problem)
+    if kind == "effect_unknown":
+        # Never a baseline, never failed: the run waits for its read-back, and the key's next run holds.
+        state["awaiting"][run_id] = {
+            **waiting,
+            "events": [*waiting["events"], dict(tail)],
+            "last_seq": tail["seq"],
+            "last_hash": tail["hash"],
+            "effect_unknown": True,
+        }
+        _remember_event_ids(state, events)
+        state["counts"]["effect_unknown"] = state["counts"].get("effect_unknown", 0) + 1
+        return Folded(state, "applied")
 
-    executed = tail["event_type"] == "executed"
+    executed = kind == "executed" or (kind == READ_BACK_EVENT_TYPE and tail.get("took_effect") is True)
     baseline_changed = False
     # An unkeyed run (a read admitted without a preflight, `preflight.reads`) is never a baseline: no run
     # loads one from the unkeyed key.
@@ -317,6 +350,8 @@ def _apply_tail(
         "tail_hash": tail["hash"],
         "outcome": "executed" if executed else "failed",
     }
+    if unknown:
+        state["counts"]["effect_unknown"] = state["counts"].get("effect_unknown", 0) - 1  # settled now
     _remember(state["recent"], run_id, entry, RECENT_RUNS_PER_KEY)
     return Folded(state, "applied", baseline_changed=baseline_changed)
 

@@ -54,9 +54,11 @@ from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, Field
 
 import queries
+from preflight.adapters.questions import QuestionStore
 from preflight.protect import ValueProtector
 from preflight_audit import console, report
 from preflight_audit.access import PROTECTION_COLUMN, ROLES, TokenTable, analyst_rows, compliance_rows
+from preflight_audit.console.questions import UserTokens, install_questions
 from projections import ProjectionError, migrations, open_database
 
 __all__ = ["ROLES", "Caller", "QueryAnswer", "caller", "create_app", "requires"]
@@ -217,11 +219,15 @@ def create_app(
     tokens: TokenTable | None = None,
     protector: ValueProtector | None = None,
     ledger_keys: Sequence[Any] = (),
+    questions: QuestionStore | None = None,
+    question_users: UserTokens | None = None,
 ) -> FastAPI:
     """The read API over the projection database at `database` (see the module doc), with the console at
     ``/console/`` (`preflight_audit.console`). `tokens`: who may call it (None or empty: nobody but
     ``/healthz``); `protector`: opens values for compliance (None: sealed values answer
-    ``"unreadable"``); `ledger_keys`: the ledger's public keys, for the console's "verify now"."""
+    ``"unreadable"``); `ledger_keys`: the ledger's public keys, for the console's "verify now"; `questions` and
+    `question_users`: the gateway's questions store and the users who answer theirs in the console
+    (`preflight_audit.console.questions`)."""
     db = _Database(Path(database), read_only)
 
     @asynccontextmanager
@@ -244,6 +250,7 @@ def create_app(
     app.state.protector = protector
     _offline_docs(app)
     console.install(app, ledger_keys=ledger_keys)
+    install_questions(app, questions, question_users)  # the gateway's questions, answered by their users
 
     # Health has a thread of its own for opening the database: it never waits behind the queries, which
     # share the app's thread pool; once the database is open it answers on the event loop.

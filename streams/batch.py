@@ -152,6 +152,8 @@ DEAD_LETTER_CODES: tuple[tuple[str, str], ...] = (
     ("for a run whose decision was", "outcome_without_execute"),
     ("without a recorded execute decision", "outcome_without_execute"),
     ("second outcome", "second_outcome"),
+    ("whose effect is not unknown", "read_back_without_unknown"),
+    ("whose effect is unknown", "second_outcome"),
     ("signature", "invalid_decision"),
     ("expired", "invalid_decision"),
     ("not valid before", "invalid_decision"),

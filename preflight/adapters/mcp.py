@@ -48,11 +48,12 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from mcp import ClientSession
-from mcp.types import CallToolResult, RequestParamsMeta, TextContent, Tool
+from mcp.shared.exceptions import MCPError
+from mcp.types import CONNECTION_CLOSED, REQUEST_TIMEOUT, CallToolResult, RequestParamsMeta, TextContent, Tool
 
 from preflight.api import Preflight
 from preflight.arguments import leaf_schema
-from preflight.errors import RecordingError
+from preflight.errors import EffectUnknownError, RecordingError
 from preflight.extract import proposal_extractor
 from preflight.hooks import Hook, LookupContext
 from preflight.inputs import Tool as ToolDefinition
@@ -78,6 +79,9 @@ __all__ = [
 
 INSTRUCTION_META_KEY = "preflight-audit/instruction"
 IDEMPOTENCY_META_KEY = "preflight-audit/idempotency-key"
+
+#: The SDK's error codes for a request that got no answer, and why the call's effect is then unknown.
+_UNKNOWN_CAUSES = {REQUEST_TIMEOUT: "timeout", CONNECTION_CLOSED: "connection_closed"}
 
 #: The property of an elicitation form that carries a restatement of the action (tool or intent gate).
 RESTATE_FIELD = "restatement"
@@ -292,7 +296,7 @@ class GuardedOutcome:
     says why), ``forwarded`` (shadow mode: the decision was recorded and the call forwarded unchanged).
     """
 
-    status: Literal["executed", "failed", "asked", "held", "forwarded"]
+    status: Literal["executed", "failed", "asked", "held", "forwarded", "effect_unknown", "read_back"]
     tool: str
     state: ExecutionRecord | None = None
     result: CallToolResult | None = None
@@ -313,6 +317,11 @@ class GuardedOutcome:
             return f"{self.tool}: called"
         if self.status == "failed":
             return f"{self.tool}: the call failed: {self.reason}"
+        if self.status == "effect_unknown":
+            return (
+                f"{self.tool}: the effect of the call is unknown ({self.reason}): it may have acted. It is not"
+                " retried: calls of it hold until a read-back settles whether it took effect."
+            )
         parts = [f"{self.tool}: nothing was called ({self.reason or self.status})."]
         if self.message:
             parts.append(self.message)
@@ -701,7 +710,15 @@ class GuardedSession:
         meta = {IDEMPOTENCY_META_KEY: decision_id} if decision_id else {}
 
         async def call(tool_name: str, args: dict[str, Any]) -> CallToolResult:
-            return await self._forward(tool_name, args, meta)
+            try:
+                return await self._forward(tool_name, args, meta)
+            except MCPError as exc:
+                # No answer came: the call timed out, or the server's connection closed first. The server
+                # may have acted, so the effect is unknown (never `failed`).
+                cause = _UNKNOWN_CAUSES.get(exc.error.code)
+                if cause is None:
+                    raise
+                raise EffectUnknownError(f"{tool_name}: {exc.error.message}", cause) from exc
 
         # The engine calls with its settled arguments and reads the result (`preflight.results`: an
         # ``isError`` result is `failed`); a call that raises (an upstream gone) is `failed` too.
@@ -709,6 +726,6 @@ class GuardedSession:
         result = outcome.result if isinstance(outcome.result, CallToolResult) else None
         if outcome.status == "held":
             return GuardedOutcome("held", name, outcome.state, reason=outcome.reason, decision=decision_id)
-        status: Literal["executed", "failed"] = outcome.status
+        status: Literal["executed", "failed", "effect_unknown"] = outcome.status
         reason = "" if outcome.error is None else f"{type(outcome.error).__name__}: {outcome.error}"
         return GuardedOutcome(status, name, outcome.state, result=result, reason=reason, decision=decision_id)

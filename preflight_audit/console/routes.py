@@ -215,7 +215,8 @@ async def login(request: Request) -> Response:
     token = (form.get("token") or [""])[0].strip()
     target = _safe_next((form.get("next") or [""])[0])
     tokens: TokenTable = request.app.state.tokens
-    if not token or tokens.role_of(token) is None:
+    users = getattr(request.app.state, "question_users", None)  # a user answering their questions (questions.py)
+    if not token or (tokens.role_of(token) is None and (users is None or users.user_of(token) is None)):
         return _page(request, "login.html", 401, next=target, error="That token is not one this console knows.")
     response = RedirectResponse(target, status_code=303, headers=_SECURITY_HEADERS)
     response.set_cookie(
@@ -245,7 +246,7 @@ _SEARCH_COLUMNS = (
     "gap_class",
     "readable_action_key",
 )
-DECISIONS = ("execute", "ask_user", "hold", "deferred", "executed", "failed")
+DECISIONS = ("execute", "ask_user", "hold", "deferred", "executed", "failed", "effect_unknown")
 
 
 @router.get("/", response_class=HTMLResponse)
@@ -411,6 +412,7 @@ def run_page(
     run = found[0]
     fields = who.rows("provenance", _run(con, "provenance", run_id=run_id))
     slots = who.rows("responsibility", _run(con, "responsibility", run_id=run_id))
+    effects = _run(con, "effects", run_id=run_id)  # a call whose effect was unknown, and its read-back
     csv = _csv(request, {"fields": (_FIELD_COLUMNS, fields), "responsibility": (_columns(slots), slots)})
     if csv is not None:
         return csv
@@ -423,6 +425,7 @@ def run_page(
         slots=slots,
         steps=pages.run_steps(run, fields),
         gate=pages.gate_in_words(run),
+        effects=effects,
     )
 
 

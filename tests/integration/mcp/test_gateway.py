@@ -289,16 +289,16 @@ FRAGILE = Path(__file__).resolve().parents[2] / "servers" / "fragile_server.py"
 
 
 class TestUpstreamFailures:
-    async def test_an_upstream_that_dies_mid_call_is_a_named_error_and_a_failed_record(self, tmp_path: Path) -> None:
+    async def test_an_upstream_that_dies_mid_call_is_a_named_error_and_an_unknown_effect(self, tmp_path: Path) -> None:
         path, _ = fragile(tmp_path, ["crash", "alpha"])
         async with gateway_with_sink(path) as (gw, sink), client_of(gw, elicit=Scripted()) as session:
             result = await call(session, "crash", {}, said("crash it"))
             again = await call(session, "alpha", {}, said("alpha please"))
-        assert result.is_error is True and "the call failed" in result_text(result)
+        assert result.is_error is True and "the effect of the call is unknown" in result_text(result)
         assert again.is_error is True
         assert "upstream 'fragile' is down" in result_text(again)  # down at once, named
         # The next call is judged with its environment not ready (SPEC §4): a recorded hold, nothing called.
-        assert [r.execution_decision for r in runs_of(sink)] == ["failed", "hold"]
+        assert [r.execution_decision for r in runs_of(sink)] == ["effect_unknown", "hold"]
 
     async def test_a_tool_list_that_changes_between_calls_is_answered_not_crashed(self, tmp_path: Path) -> None:
         path, tools = fragile(tmp_path, ["alpha"])
