@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  added per call pair: p50 {add50:.2f} ms, p99 {add99:.2f} ms, mean {mean:.2f} ms")
     print(
         f"    against the limits: p50 {add50 / LIMIT_P50_MS:.2f}x of {LIMIT_P50_MS:g} ms,"
-        f" p99 {add99 / LIMIT_P99_MS:.2f}x of {LIMIT_P99_MS:g} ms (the limits hold on a quiet machine)"
+        f" p99 {add99 / LIMIT_P99_MS:.2f}x of {LIMIT_P99_MS:g} ms (limits set for a quiet machine)"
     )
     parts = m.parts
     own = parts["call"] - parts["upstream"]  # the gateway's own time per call
