@@ -39,7 +39,7 @@ from infra.embedded import EmbeddedBroker
 
 BIN = Path(sys.executable).parent
 ARGS = {"timezone": "Asia/Seoul"}
-#: The limits of the added latency on a quiet machine (issue 26): p50, p99 in milliseconds.
+#: The limits of the added latency on a quiet machine: p50, p99 in milliseconds.
 LIMIT_P50_MS, LIMIT_P99_MS = 3.0, 8.0
 #: The metric sums (seconds) and counts read from the gateway before and after the measured calls.
 SUMS = {
