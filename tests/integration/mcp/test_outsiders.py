@@ -190,3 +190,16 @@ class TestThePythonSdkClient:
         assert read.is_error is False and "On branch main" in result_text(read)
         assert write.is_error is True and "nothing was called" in result_text(write)
         assert not has_branch(git_repository, "never")
+
+
+class TestTheNpmFilesystemServer:
+    async def test_without_elicitation_a_read_passes_and_a_write_is_refused_with_nothing_written(
+        self, tmp_path: Path, filesystem_params: StdioServerParameters, folder: Path
+    ) -> None:
+        settings = write_settings(tmp_path / "gateway.toml", servers={"files": stdio_entry(filesystem_params)})
+        async with running_gateway(settings) as gw, client_of(gw, elicit=None) as session:
+            read = await session.call_tool("read_text_file", {"path": str(folder / "a.txt")})
+            write = await session.call_tool("write_file", {"path": str(folder / "new.txt"), "content": "x"})
+        assert read.is_error is False and "beta" in result_text(read)
+        assert write.is_error is True and "nothing was called" in result_text(write)
+        assert not (folder / "new.txt").exists()
