@@ -51,6 +51,7 @@ from mcp.types import (
 )
 
 from gateway.effects import Settled, ask_the_user, settle_first
+from gateway.health import ToolsChanged
 from gateway.questions import ConsoleAsk, answers_of, describe_link, stores
 from gateway.settings import GatewayConfig, GatewaySettingsError, SettingsFile
 from gateway.telemetry import GatewayMetrics
@@ -100,12 +101,15 @@ class Gateway:
         self._user_of_request = user_of_request
         self.metrics = metrics if metrics is not None else GatewayMetrics(upstreams.status)
         self.calls = 0
+        self.tools_changed = ToolsChanged()  # gateway.health: clients told when an upstream goes or comes
+        upstreams.on_change(self.tools_changed.changed)
 
     # ---- tools/list -------------------------------------------------------------------------------------------
 
     async def list_tools(
         self, ctx: ServerRequestContext[Any, Any], params: PaginatedRequestParams | None
     ) -> ListToolsResult:
+        self.tools_changed.seen(ctx.session)
         return ListToolsResult(tools=await self.upstreams.list_tools())
 
     # ---- tools/call -------------------------------------------------------------------------------------------
@@ -123,6 +127,7 @@ class Gateway:
 
     async def call_tool(self, ctx: ServerRequestContext[Any, Any], params: CallToolRequestParams) -> CallToolResult:
         self.calls += 1
+        self.tools_changed.seen(ctx.session)
         started = time.perf_counter()
         meta = dict(params.meta or {}) if params.meta is not None else {}
         try:
@@ -159,10 +164,12 @@ class Gateway:
             agent_id=agent,
             policy=config.policy_for(user),
             shadow=config.shadow,
-            call_upstream=lambda tool, args, meta: self.upstreams.call(
+            call_upstream=lambda tool, args, meta: self._forward(
                 tool, args, meta, timeout_s=config.timeout_for(user, tool)
             ),
             list_upstream=self._listing,
+            admit_reads=True,
+            environment_of=self._environment,
         )
         console = self._console(ctx, config, user)
         settled = await settle_first(
@@ -175,10 +182,38 @@ class Gateway:
         )
         ask = None if console is not None and console.url_elicit is not None else self._asker(ctx)
         result, how = await run_call(guard, name, params.arguments, instruction, ask, self.metrics, console=console)
-        return with_effect(result, how, settled, self.preflight.unsettled_effect(user, name), console), how
+        result = with_effect(result, how, settled, self.preflight.unsettled_effect(user, name), console)
+        return self._named_down(name, result), how
+
+    def _named_down(self, name: str, result: CallToolResult) -> CallToolResult:
+        """`result`, saying which upstream is down when the call of `name` failed or was held for it."""
+        down = self.upstreams.down_owner(name)
+        if down is None or not result.is_error:
+            return result
+        said = f"upstream {down.name!r} is down ({down.error or 'stopped'}); it is being reconnected"
+        return result.model_copy(update={"content": [*result.content, TextContent(type="text", text=said)]})
+
+    async def _forward(
+        self, name: str, arguments: dict[str, Any], meta: dict[str, Any], *, timeout_s: float | None = None
+    ) -> CallToolResult:
+        """An upstream call, timed into ``preflight_gateway_upstream_seconds``."""
+        started = time.perf_counter()
+        try:
+            return await self.upstreams.call(name, arguments, meta, timeout_s=timeout_s)
+        finally:
+            self.metrics.upstream_seconds.observe(time.perf_counter() - started)
 
     async def _listing(self, refresh: bool) -> list[Tool]:
-        return await self.upstreams.list_tools(refresh=refresh)
+        # A down upstream's tools stay known here (not in a client's tools/list): a call of one is judged,
+        # its environment not ready (`_environment`), and recorded as held, named.
+        return await self.upstreams.list_tools(refresh=refresh, include_down=True)
+
+    def _environment(self, name: str) -> dict[str, Any] | None:
+        """§4's environment of a call of `name`: not ready while its upstream is down."""
+        down = self.upstreams.down_owner(name)
+        if down is None:
+            return None
+        return {"status": "upstream_down", "upstream": down.name, "detail": down.error or "stopped"}
 
     def _console(self, ctx: ServerRequestContext[Any, Any], config: GatewayConfig, user: str) -> ConsoleAsk | None:
         """Asking in the console (`gateway.questions`), when the settings name one: by URL-mode elicitation
@@ -363,7 +398,8 @@ async def run_call(
             if metrics is not None:
                 metrics.asked(action)
             if action != "accept":
-                return error_result(f"{name}: nothing was called: the user {action}d the question"), "declined"
+                said_no = {"decline": "declined", "cancel": "cancelled"}.get(action, f"answered {action!r} to")
+                return error_result(f"{name}: nothing was called: the user {said_no} the question"), "declined"
             origin = "elicitation"
         said = answers_from_form(outcome, content)
         answers.update(said.user_answers)

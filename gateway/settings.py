@@ -24,6 +24,10 @@ approved = true             # a standing approval (a tool that is not read-only 
 pre_set = { repo_path = "/home/me/repo" }   # values set in advance
 inherit = ["repo_path"]     # arguments a later call may take from the last executed one
 checklist = [{ id = "clean", description = "the working tree is clean" }]
+read_only = false           # true: named read-only (admitted, not preflighted; SPEC §2.7), unless the tool
+                            # itself says it is not read-only
+full_preflight = false      # true: a read-only tool judged by the full preflight, like a write
+allow_undeclared = false    # true: arguments its `properties` does not declare are passed on (else refused)
 timeout_s = 30              # no answer by then: the effect is unknown (default [gateway] call_timeout_s = 60)
 [tools.git_create_branch.readback]   # how a call whose effect is unknown is read back (gateway.effects)
 tool = "git_branch"
@@ -52,6 +56,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from preflight.adapters.mcp import CallPolicy, ToolPolicy
+from preflight.tokens import MIN_TOKEN_LENGTH, TokenListError, one_holder_per_token, token_entries
 
 __all__ = ["GatewayConfig", "GatewaySettingsError", "ServerEntry", "SettingsFile", "TokenFile"]
 
@@ -110,6 +115,9 @@ class ToolEntry(BaseModel):
     pre_set: dict[str, Any] | None = None
     inherit: list[str] | None = None
     checklist: list[ChecklistItem] | None = None
+    read_only: bool | None = None
+    full_preflight: bool | None = None
+    allow_undeclared: bool | None = None
 
 
 class UserEntry(BaseModel):
@@ -178,6 +186,9 @@ class GatewayConfig(BaseModel):
                 checklist=tuple(merged.get("checklist", ())),
                 approved=bool(merged.get("approved", False)),
                 inherit=frozenset(merged.get("inherit", ())),
+                read_only=bool(merged.get("read_only", False)),
+                full_preflight=bool(merged.get("full_preflight", False)),
+                allow_undeclared=bool(merged.get("allow_undeclared", False)),
             )
         return CallPolicy(tools)
 
@@ -245,9 +256,11 @@ class SettingsFile:
 
 class TokenFile:
     """Bearer tokens for the streamable-HTTP gateway: lines ``user:token`` (``#`` comments), reloaded when
-    the file changes; tokens are compared with `hmac.compare_digest`."""
+    the file changes; tokens are compared with `hmac.compare_digest`. Read by the API's parser
+    (`preflight.tokens`): a token of fewer than 16 characters, or one token given to two users, is refused
+    by name, and a file that is refused admits nobody until it is fixed."""
 
-    MIN_LENGTH = 16
+    MIN_LENGTH = MIN_TOKEN_LENGTH
 
     def __init__(self, path: Path) -> None:
         self._watch = _Watched(Path(path))
@@ -257,18 +270,19 @@ class TokenFile:
     def _load(self) -> None:
         if not self._watch.changed():
             return
-        tokens = []
-        for number, line in enumerate(self._watch.path.read_text(encoding="utf-8").splitlines(), 1):
-            line = line.strip()
-            if not line or line.startswith("#"):
-                continue
-            user, sep, token = line.partition(":")
-            if not sep or not user.strip() or len(token.strip()) < self.MIN_LENGTH:
-                raise GatewaySettingsError(
-                    f"{self._watch.path}:{number}: expected user:token with a token of {self.MIN_LENGTH}+ characters"
-                )
-            tokens.append((user.strip(), token.strip().encode()))
-        self._tokens = tokens
+        where = f"the gateway tokens file {self._watch.path}"
+        try:
+            text = self._watch.path.read_text(encoding="utf-8")
+            holders = one_holder_per_token(token_entries(text, where, kind="user"), kind="user", what="gateway token")
+        except TokenListError as exc:
+            self._watch.forget()  # refused until fixed, not silently the old tokens
+            self._tokens = []
+            raise GatewaySettingsError(str(exc)) from None
+        except (OSError, UnicodeDecodeError) as exc:
+            self._watch.forget()
+            self._tokens = []
+            raise GatewaySettingsError(f"{where} cannot be read: {exc}") from exc
+        self._tokens = [(user, token.encode()) for token, user in holders.items()]
 
     def user_of(self, token: str) -> str | None:
         """The user whose token this is, or None."""

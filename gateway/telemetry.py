@@ -14,6 +14,8 @@
 * ``preflight_gateway_elicitations_total{action}`` (counter): questions asked through elicitation, by the
   user's ``accept`` / ``decline`` / ``cancel`` (``error``: it could not be asked);
 * ``preflight_gateway_upstream_up{upstream}`` (gauge): 1 while the upstream is connected, else 0;
+* ``preflight_gateway_upstream_seconds`` (histogram): how long upstreams took to answer forwarded calls, so
+  that a call's time splits into the upstream's and the gateway's own (`bench/gateway_latency.py`);
 * ``preflight_publish_ack_seconds{topic, outcome}`` (histogram): the event sink's publish-acknowledgement
   latency (`preflight.adapters.ops`).
 
@@ -80,6 +82,12 @@ class GatewayMetrics:
             "preflight_gateway_elicitations",
             "questions asked through elicitation by the user's action",
             ["action"],
+            registry=self.registry,
+        )
+        self.upstream_seconds = Histogram(
+            "preflight_gateway_upstream_seconds",
+            "seconds an upstream took to answer a forwarded tools/call (the part of a call that is not the gateway's)",
+            buckets=_CALL_BUCKETS,
             registry=self.registry,
         )
         if upstream_status is not None:

@@ -264,6 +264,39 @@ class Preflight:
                 self._executable.popitem(last=False)
         return state
 
+    async def admit_read(self, input: Any, *, named_read_only: bool = False) -> ExecutionRecord:
+        """Decide a read-only call by admission alone (SPEC §2.7, `preflight.reads.decide_read`) and record
+        it: ``execute`` with the model's arguments, or a named ``hold``. Unkeyed: never a baseline.
+
+        :raises ValueError: the tool is not judged read-only (it goes through `run_and_record`)."""
+        from preflight.reads import decide_read
+
+        return await self._record_unkeyed(
+            input, lambda inp: decide_read(inp, self._clock, named_read_only=named_read_only)
+        )
+
+    async def record_forward(self, input: Any, *, reason: str) -> ExecutionRecord:
+        """Record a call forwarded unchanged in shadow mode (`preflight.reads.decide_forward`): an unkeyed
+        ``execute`` with the model's arguments, so `execute_if_ready` records its outcome, never a baseline."""
+        from preflight.reads import decide_forward
+
+        return await self._record_unkeyed(input, lambda inp: decide_forward(inp, self._clock, reason=reason))
+
+    async def _record_unkeyed(self, input: Any, decide_it: Callable[[PreflightInput], Decided]) -> ExecutionRecord:
+        with run_span(input) as span:
+            user_id, agent_id = _ids(input)
+            run_id = new_id()
+            sealer = self._sealer(user_id, run_id)
+            try:
+                inp = input if isinstance(input, PreflightInput) else PreflightInput.model_validate(input)
+            except ValidationError as exc:
+                decided = invalid_input(input, exc, self._clock())
+            else:
+                decided = decide_it(inp)
+            state = self._emit(decided, user_id, agent_id, run_id=run_id, sealer=sealer)
+            span.record(state, gap_class=decided.trace.gap_class, gate=decided.trace.gate_name)
+        return await self.record(state)
+
     async def run_and_record(self, input: Any) -> ExecutionRecord:
         """`run` then `record`, as a pair, so nothing goes unrecorded."""
         return await self.record(await self.run(input))

@@ -320,7 +320,9 @@ def _apply_tail(
 
     executed = kind == "executed" or (kind == READ_BACK_EVENT_TYPE and tail.get("took_effect") is True)
     baseline_changed = False
-    if executed:
+    # An unkeyed run (a read admitted without a preflight, `preflight.reads`) is never a baseline: no run
+    # loads one from the unkeyed key.
+    if executed and state["action_key"] != UNKEYED_RECORD_KEY:
         try:
             # The run's chain, each hash and the tail's link were verified as they arrived.
             events_in = [decode_event(e, hashed=True) for e in [*waiting["events"], tail]]

@@ -3,6 +3,7 @@ servers' start parameters (`tests.mcp_servers`)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -41,5 +42,7 @@ def time_params() -> StdioServerParameters:
 @pytest.fixture
 def filesystem_params(folder: Path) -> StdioServerParameters:
     if shutil.which("node") is None:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail("node is not installed: CI must run the npm filesystem server (install node and npm)")
         pytest.skip("node is not installed: the npm filesystem server cannot run here")
     return filesystem_server(folder)
