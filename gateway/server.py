@@ -12,7 +12,12 @@
    unknown arguments with their schema types (never the proposed values), the user-checklist items, an
    approval, or a restatement of the action; the answers go into the next run of the same action key. A
    declined or cancelled question ends the call with nothing called (the run stays asked-and-unanswered);
-   a client without the elicitation capability gets an ``isError`` result saying what is missing;
+   a client without the elicitation capability gets an ``isError`` result saying what is missing -- or,
+   with ``[gateway] console_url``, the question goes to the console (`gateway.questions`: URL-mode
+   elicitation, or the page's link in the result; the next call takes the answer);
+4a. a call with no answer (a timeout, a closed connection) is ``effect_unknown``; before the next call of
+   that tool it is read back if it can be (`gateway.effects`), and the result's ``_meta`` says which case
+   happened (`EFFECT_META_KEY`);
 5. shadow mode records every decision and forwards every call unchanged, asking nothing.
 
 Each call is counted in `gateway.telemetry.GatewayMetrics` (by outcome, each run by decision and gap

@@ -1020,9 +1020,9 @@ def _judge_tail(
     read_back = tail.event_type == "effect_read_back"
     if state.outcome is not None and state.last_hash == tail.hash:
         return "duplicate"
-    if read_back and state.outcome != "effect_unknown":
+    if read_back and state.outcome is None:  # as the fold words it: the same verdict, the same code
         return reject("read_back_without_unknown", f"a read-back for run {tail.run_id}, whose effect is not unknown")
-    if not read_back and state.outcome is not None:
+    if state.outcome is not None and (not read_back or state.outcome != "effect_unknown"):
         return reject("second_outcome", f"second outcome for run {tail.run_id} (it is already {state.outcome})")
     if state.decision != "execute":
         return reject("outcome_for_non_execute", f"{tail.event_type} for a run whose decision was {state.decision}")

@@ -293,10 +293,12 @@ class GuardedOutcome:
     `status`: ``executed`` / ``failed`` (the tool was called; `result` is its `CallToolResult` when it
     answered), ``asked`` (nothing was called; answer `missing`, `unverified`, the approval or a
     restatement and call again), ``held`` (nothing was called and no answer settles it now; `reason`
-    says why), ``forwarded`` (shadow mode: the decision was recorded and the call forwarded unchanged).
+    says why), ``forwarded`` (shadow mode: the decision was recorded and the call forwarded unchanged),
+    ``effect_unknown`` (the tool was called and did not answer -- it timed out or its connection closed:
+    it may have acted; the action key holds until `Preflight.settle_effect` records a read-back).
     """
 
-    status: Literal["executed", "failed", "asked", "held", "forwarded", "effect_unknown", "read_back"]
+    status: Literal["executed", "failed", "asked", "held", "forwarded", "effect_unknown"]
     tool: str
     state: ExecutionRecord | None = None
     result: CallToolResult | None = None
