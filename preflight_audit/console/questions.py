@@ -29,11 +29,11 @@ from fastapi import Path as PathParam
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from preflight.adapters.questions import Question, QuestionError, QuestionStore, read_answer
+from preflight.tokens import TokenListError, one_holder_per_token, token_entries
 from preflight_audit.errors import ConfigurationError
 
 __all__ = ["UserTokens", "cross_origin", "install_questions"]
 
-MIN_TOKEN_LENGTH = 16
 _ID = Annotated[str, PathParam(min_length=8, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
 
 
@@ -49,20 +49,12 @@ class UserTokens:
 
     @classmethod
     def parse(cls, text: str, where: str = "the users' tokens") -> UserTokens:
-        entries: dict[str, str] = {}
-        for number, line in enumerate(text.splitlines(), 1):
-            line = line.strip()
-            if not line or line.startswith("#"):
-                continue
-            user, sep, token = line.partition(":")
-            user, token = user.strip(), token.strip()
-            if not sep or not user or len(token) < MIN_TOKEN_LENGTH or any(c.isspace() for c in token):
-                raise ConfigurationError(
-                    f"{where} line {number}: expected user:token with a token of {MIN_TOKEN_LENGTH}+ characters"
-                )
-            if entries.setdefault(token, user) != user:
-                raise ConfigurationError(f"{where} line {number}: one token is given to two users ({user} and another)")
-        return cls(entries)
+        """Read by the one token parser the API and the gateway use (`preflight.tokens`)."""
+        try:
+            pairs = token_entries(text, where, kind="user")
+            return cls(one_holder_per_token(pairs, kind="user", what="user token"))
+        except TokenListError as exc:
+            raise ConfigurationError(str(exc)) from None
 
     @classmethod
     def read(cls, path: Path) -> UserTokens:

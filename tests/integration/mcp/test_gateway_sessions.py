@@ -21,6 +21,8 @@ from gateway.server import Gateway
 from gateway.settings import GatewaySettingsError, SettingsFile, TokenFile
 from gateway.upstreams import Upstreams
 from preflight import MemoryEventSink
+from preflight_audit.console.questions import UserTokens
+from preflight_audit.errors import ConfigurationError
 from tests.gateway_support import engine, stdio_entry, write_settings
 
 pytestmark = pytest.mark.integration
@@ -129,3 +131,10 @@ class TestTokensFile:
             tokens.user_of(ALICE)
         path.write_text(f"alice:{ALICE}\n")
         assert tokens.user_of(ALICE) == "alice"
+
+    def test_the_consoles_users_file_is_read_by_the_same_parser(self) -> None:
+        with pytest.raises(ConfigurationError, match="one user token is configured with two users") as caught:
+            UserTokens.parse(f"alice:{ALICE}\nbob:{ALICE}\n")
+        assert ALICE not in str(caught.value)
+        with pytest.raises(ConfigurationError, match="at least 16 characters"):
+            UserTokens.parse("alice:short\n")
