@@ -177,7 +177,7 @@ class QuestionStore:
     ) -> Question:
         """The open question for this user, key and form, or a new one (asking again does not pile up)."""
         now = self._clock()
-        text = json.dumps(form, sort_keys=True, ensure_ascii=False)
+        text = json.dumps(form, ensure_ascii=False)  # in the form's own order: the page shows it so
         found = self._one("open_for_key", user_id=user_id, action_key=action_key, now=now, form=text)
         if found is not None:
             return found
