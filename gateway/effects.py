@@ -14,6 +14,9 @@ a call of such a tool is judged, the gateway tries to settle it (`settle_first`)
 
 A settled run is recorded (`Preflight.settle_effect`: an ``effect_read_back`` event); one that took effect
 counts as executed, its fields' origins kept. What remains unknown keeps holding, and the hold says so.
+
+An unsettled run is kept in the questions store's file (`keep`), and a gateway that starts again holds its
+key again (`restore`): a restart never turns an unknown effect into a blind retry.
 """
 
 from __future__ import annotations
@@ -29,11 +32,13 @@ from mcp.types import CallToolResult
 from gateway.questions import ConsoleAsk, question_link, readable_key
 from gateway.settings import ReadBackEntry
 from preflight.adapters.mcp import result_text
+from preflight.adapters.questions import QuestionStore
 from preflight.api import Preflight
-from preflight.errors import RecordingError
+from preflight.errors import ChainError, EventDecodeError, RecordingError
+from preflight.events import decode_event, decode_message, encode_message
 from preflight.records import ExecutionRecord
 
-__all__ = ["EFFECT_FIELD", "Settled", "ask_the_user", "effect_key", "fill", "settle_first"]
+__all__ = ["EFFECT_FIELD", "Settled", "ask_the_user", "effect_key", "fill", "keep", "restore", "settle_first"]
 
 log = logging.getLogger("preflight.gateway")
 
@@ -163,3 +168,23 @@ async def settle_first(
         why = f"the read-back failed: {type(exc).__name__}: {exc}"
     link = ask_the_user(console, record, tool) if console is not None else None
     return Settled("unknown", record, why, link)
+
+
+def keep(store: QuestionStore, record: ExecutionRecord, user_id: str, tool: str) -> None:
+    """Keep an unsettled run in the store's file, for a gateway that starts again (`restore`)."""
+    if record.run_ref is not None:
+        store.remember_effect(record.run_ref.run_id, user_id, tool, encode_message(record.run_events))
+
+
+def restore(store: QuestionStore, preflight: Preflight) -> int:
+    """Hold again every kept run that is not settled yet; how many. A kept run that cannot be read (altered,
+    or settled since) is logged and left out, never a reason not to start."""
+    restored = 0
+    for run_id, data in store.unknown_effects():
+        try:
+            events = [decode_event(e) for e in decode_message(data)]
+            preflight.restore_unsettled(events)
+            restored += 1
+        except (EventDecodeError, ChainError, ValueError) as exc:
+            log.warning("gateway: the kept run %s with an unknown effect cannot be held again: %s", run_id, exc)
+    return restored

@@ -50,7 +50,7 @@ from mcp.types import (
     Tool,
 )
 
-from gateway.effects import Settled, ask_the_user, settle_first
+from gateway.effects import Settled, ask_the_user, keep, restore, settle_first
 from gateway.health import ToolsChanged
 from gateway.questions import ConsoleAsk, answers_of, describe_link, stores
 from gateway.settings import GatewayConfig, GatewaySettingsError, SettingsFile
@@ -101,6 +101,7 @@ class Gateway:
         self._user_of_request = user_of_request
         self.metrics = metrics if metrics is not None else GatewayMetrics(upstreams.status)
         self.calls = 0
+        self._restored = False  # the kept unknown effects are restored at the first call (gateway.effects)
         self.tools_changed = ToolsChanged()  # gateway.health: clients told when an upstream goes or comes
         upstreams.on_change(self.tools_changed.changed)
 
@@ -172,6 +173,10 @@ class Gateway:
             environment_of=self._environment,
         )
         console = self._console(ctx, config, user)
+        store = stores(self.settings.path.parent / config.gateway.questions_file)
+        if not self._restored:  # the calls a previous gateway left with an unknown effect hold again
+            self._restored = True
+            restore(store, self.preflight)
         settled = await settle_first(
             self.preflight,
             user,
@@ -182,7 +187,12 @@ class Gateway:
         )
         ask = None if console is not None and console.url_elicit is not None else self._asker(ctx)
         result, how = await run_call(guard, name, params.arguments, instruction, ask, self.metrics, console=console)
-        result = with_effect(result, how, settled, self.preflight.unsettled_effect(user, name), console)
+        unsettled = self.preflight.unsettled_effect(user, name)
+        if settled.how == "settled" and settled.record is not None and settled.record.run_ref is not None:
+            store.forget_effect(settled.record.run_ref.run_id)
+        if unsettled is not None:
+            keep(store, unsettled, user, name)
+        result = with_effect(result, how, settled, unsettled, console)
         return self._named_down(name, result), how
 
     def _named_down(self, name: str, result: CallToolResult) -> CallToolResult:

@@ -19,7 +19,7 @@ import os
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -384,6 +384,15 @@ class Preflight:
                 outcome,
             ) from exc
         return outcome
+
+    def restore_unsettled(self, events: Sequence[PreflightEvent]) -> ExecutionRecord:
+        """Hold again a run whose call's effect is unknown, from its events (kept by the caller across a
+        restart): its chain is verified and it must end in `effect_unknown` (`ValueError` otherwise)."""
+        record = rebuild_record(events, opener=self._protector)
+        if record.execution_decision != "effect_unknown" or record.action_key is None:
+            raise ValueError(f"run {record.run_ref.run_id if record.run_ref else '?'} has no unknown effect to hold")
+        self.unsettled[record.action_key] = record
+        return record
 
     def unsettled_effect(self, user_id: str | None, tool_name: str) -> ExecutionRecord | None:
         """This engine's unsettled `effect_unknown` record of `user_id`'s `tool_name`, if any."""

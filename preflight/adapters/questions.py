@@ -11,6 +11,9 @@ database nor a second DuckDB file would let the gateway and the console both wri
 the record of decisions, and a question is not one yet (the run that asked is recorded; its answer
 becomes the next run's tier-0 ``user_answers``, recorded there with ``answers_origin: "console"``).
 
+The same file keeps the gateway's calls whose effect is unknown (`remember_effect`), so that a restarted
+gateway still holds their action keys until a read-back settles them (`gateway.effects`).
+
 Rules kept here, once: a question belongs to its run's user and only they can see or answer it
 (`pending_for`, `settle` match the user); each question expires (`QuestionExpired`); a question is
 answered or declined once (`QuestionClosed`); an answer is taken once (`take_settled`). `read_answer`
@@ -140,6 +143,7 @@ class QuestionStore:
             self._con.execute("PRAGMA journal_mode=WAL")
             self._con.execute("PRAGMA busy_timeout=10000")
             self._con.executescript(_SQL["create"])
+            self._con.executescript(_SQL["create_effects"])
         with contextlib.suppress(OSError):
             self.path.chmod(0o600)
 
@@ -177,7 +181,7 @@ class QuestionStore:
     ) -> Question:
         """The open question for this user, key and form, or a new one (asking again does not pile up)."""
         now = self._clock()
-        text = json.dumps(form, sort_keys=True, ensure_ascii=False)
+        text = json.dumps(form, ensure_ascii=False)  # in the form's own order: the page shows it so
         found = self._one("open_for_key", user_id=user_id, action_key=action_key, now=now, form=text)
         if found is not None:
             return found
@@ -208,6 +212,21 @@ class QuestionStore:
 
     def get(self, question_id: str) -> Question | None:
         return self._one("get", question_id=question_id)
+
+    # ---- calls whose effect is unknown (kept across a gateway's restarts) -------------------------------------
+
+    def remember_effect(self, run_id: str, user_id: str | None, tool: str, events: bytes) -> None:
+        """Keep a run whose call's effect is unknown (its events) until `forget_effect`."""
+        self._write("remember_effect", run_id=run_id, user_id=user_id, tool=tool, events=events, now=self._clock())
+
+    def forget_effect(self, run_id: str) -> None:
+        self._write("forget_effect", run_id=run_id)
+
+    def unknown_effects(self) -> list[tuple[str, bytes]]:
+        """Every kept run: (run_id, its events)."""
+        with self._lock:
+            rows = self._con.execute(_SQL["unknown_effects"]).fetchall()
+        return [(str(r["run_id"]), bytes(r["events"])) for r in rows]
 
     # ---- the console's side -------------------------------------------------------------------------------
 

@@ -49,3 +49,22 @@ ORDER BY answered_at DESC LIMIT 1;
 
 -- name: use
 UPDATE questions SET used_at = :now WHERE question_id = :question_id AND used_at IS NULL;
+
+-- name: create_effects
+CREATE TABLE IF NOT EXISTS unknown_effects (
+    run_id       TEXT PRIMARY KEY,            -- the run whose call did not answer
+    user_id      TEXT,
+    tool         TEXT NOT NULL,
+    events       BLOB NOT NULL,               -- the run's events, as the transport carries them
+    recorded_at  REAL NOT NULL
+);
+
+-- name: remember_effect
+INSERT OR REPLACE INTO unknown_effects (run_id, user_id, tool, events, recorded_at)
+VALUES (:run_id, :user_id, :tool, :events, :now);
+
+-- name: forget_effect
+DELETE FROM unknown_effects WHERE run_id = :run_id;
+
+-- name: unknown_effects
+SELECT run_id, user_id, tool, events FROM unknown_effects ORDER BY recorded_at;

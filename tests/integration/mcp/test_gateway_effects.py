@@ -157,3 +157,17 @@ class TestEffectUnknown:
                 await call(session, "branch_hang")
         (read_back,) = [e for e in sink.events if e.event_type == "effect_read_back"]
         assert read_back.basis == "user" and read_back.took_effect is False and read_back.readback_tool is None
+
+    async def test_a_gateway_started_again_still_holds_the_key(
+        self, tmp_path: Path, git_repository: Path, git_params: StdioServerParameters
+    ) -> None:
+        path = settings(tmp_path, git_params, git_repository)
+        sink = RecordingSink()
+        async with running_gateway(path, engine(sink)) as gw, client_of(gw) as session:
+            first = await call(session, "branch_hang")
+        assert "the effect of the call is unknown" in result_text(first)
+        # A new gateway process would have a new engine: nothing of the first one's memory.
+        async with running_gateway(path, engine(sink)) as gw, client_of(gw) as session:
+            held = await call(session, "branch_hang")
+        assert held.is_error is True and "timed_out_without_readback" in result_text(held)
+        assert [e.cause for e in sink.events if e.event_type == "effect_unknown"] == ["timeout"]  # not called again
