@@ -1,12 +1,15 @@
 """The fold: per-`action_key` state from the event log, and the executed-only baseline (SPEC §6).
 
 `evolve(state, message, position)` is a pure function. A message is what the transport carries: a
-whole run (its events from seq 0 to `run_closed`) or a run's tail (`executed` / `execution_failed`).
-Only an `executed` tail for a run whose closed decision was `execute`, with an intact chain, moves
-the baseline. Each run and outcome gets the consumers' shared verdict (`preflight.verdict`), which the
-projector applies too: what it refuses is an anomaly under the same code (`Folded.code`). Everything
-else that is wrong is an anomaly too: the state does not change and the caller routes the message to
-the dead-letter topic with the reason.
+whole run (its events from seq 0 to `run_closed`) or a run's tail (`executed` / `execution_failed` /
+`effect_unknown`, and after an `effect_unknown` its `effect_read_back`). Only an `executed` tail for a run
+whose closed decision was `execute`, with an intact chain, moves the baseline -- or the read-back of an
+`effect_unknown` that says the call took effect (the run then counts as executed, its origins kept). An
+`effect_unknown` run waits, counted in ``effect_unknown`` until it is read back; it is never `failed`.
+An unkeyed run (a read admitted without a preflight) is never a baseline. Each run and outcome gets the
+consumers' shared verdict (`preflight.verdict`), which the projector applies too: what it refuses is an
+anomaly under the same code (`Folded.code`). Everything else that is wrong is an anomaly too: the state
+does not change and the caller routes the message to the dead-letter topic with the reason.
 
 An outcome must also match the run's approved decision: the same `decision_id`, tool and arguments
 digest. A fold given a `DecisionVerifier` (the trusted public keys of the engines that sign decisions)
@@ -31,7 +34,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from preflight.chain import TAIL_EVENT_TYPES, hash_matches, message_problem
+from preflight.chain import READ_BACK_EVENT_TYPE, TAIL_EVENT_TYPES, hash_matches, message_problem
 from preflight.emit import rebuild_record
 from preflight.errors import ChainError, EventDecodeError
 from preflight.events import EVENT_TYPES, SUPPORTED_EVENT_VERSIONS, decode_event
@@ -90,7 +93,14 @@ def initial_state(action_key: str) -> dict[str, Any]:
         "action_key": action_key,
         "partition": None,
         "applied_offset": -1,
-        "counts": {"runs": 0, **{d: 0 for d in DECISIONS}, "executed": 0, "failed": 0, "duplicates": 0},
+        "counts": {
+            "runs": 0,
+            **{d: 0 for d in DECISIONS},
+            "executed": 0,
+            "failed": 0,
+            "effect_unknown": 0,
+            "duplicates": 0,
+        },
         "runs_seen": 0,
         "baseline": None,
         "runs": {},
@@ -312,7 +322,10 @@ def _reused_event_id(state: Mapping[str, Any], events: Sequence[Mapping[str, Any
 
 
 def _decision_problem(
-    run_events: Sequence[Mapping[str, Any]], tail: Mapping[str, Any], verifier: DecisionVerifier | None
+    run_events: Sequence[Mapping[str, Any]],
+    tail: Mapping[str, Any],
+    verifier: DecisionVerifier | None,
+    occurred_at: str | None = None,
 ) -> str | None:
     """Why `tail` is not an outcome of its run's approved decision (None if it is)."""
     outcome = tail["event_type"]
@@ -335,7 +348,7 @@ def _decision_problem(
     problem = verifier.check_signature(signed)
     if problem is not None:
         return f"{outcome} for decision {signed.decision_id!r:.80} with an invalid signature: {problem}"
-    happened = parse_time(tail["occurred_at"])
+    happened = parse_time(occurred_at or tail["occurred_at"])
     if happened is None:
         return f"{outcome} has no readable occurred_at to compare with the decision's expiry"
     problem = verifier.check_times(signed, happened)
@@ -374,16 +387,50 @@ def _apply_tail(
         return _anomaly(
             state, f"{tail['event_type']} for a run without a recorded execute decision", "outcome_without_run"
         )
+    kind = tail["event_type"]
+    unknown = waiting.get("effect_unknown") is True
+    if unknown and waiting["last_hash"] == tail["hash"]:
+        state = _working_copy(state)
+        state["counts"]["duplicates"] += 1
+        return Folded(state, "duplicate", "tail already applied (same hash)")
+    if unknown != (kind == READ_BACK_EVENT_TYPE):
+        if unknown:
+            return _anomaly(
+                state,
+                f"{kind} for run {run_id}, whose effect is unknown: only its read-back may follow",
+                "second_outcome",
+            )
+        return _anomaly(state, f"{kind} for run {run_id}, whose effect is not unknown", "read_back_without_unknown")
     linked = message_problem(events, after=(waiting["last_seq"], waiting["last_hash"]))
     if linked is not None:
         return _anomaly(state, f"broken hash chain: {linked[1]}", "broken_chain")
-    problem = _decision_problem(waiting["events"], tail, verifier) or _reused_event_id(state, events)
+    # A read-back is judged against the decision as of the call (its `effect_unknown`), not as of its reading.
+    when = waiting["events"][-1].get("occurred_at") if unknown else None
+    problem = _decision_problem(waiting["events"], tail, verifier, when) or _reused_event_id(state, events)
     if problem is not None:
         return _anomaly(state, problem)
+    slot = state["seen"][run_id]
+    if kind == "effect_unknown":
+        # Never a baseline, never failed: the run waits (its events kept) for its read-back, and the key's
+        # next run holds.
+        state = _working_copy(state)
+        state["counts"]["effect_unknown"] = state["counts"].get("effect_unknown", 0) + 1
+        waiting_entry = dict(waiting)
+        waiting_entry.update(
+            events=[*waiting["events"], dict(tail)],
+            last_seq=tail["seq"],
+            last_hash=tail["hash"],
+            effect_unknown=True,
+            event_ids=[*waiting["event_ids"], tail["event_id"]],
+        )
+        _store(state, slot, waiting_entry)
+        return Folded(state, "applied", slot=slot)
 
-    executed = tail["event_type"] == "executed"
+    executed = kind == "executed" or (kind == READ_BACK_EVENT_TYPE and tail.get("took_effect") is True)
     baseline = None
-    if executed:
+    # An unkeyed run (a read admitted without a preflight, `preflight.reads`) is never a baseline: no run
+    # loads one from the unkeyed key.
+    if executed and state["action_key"] != UNKEYED_RECORD_KEY:
         try:
             # The run's chain, each hash and the tail's link were verified as they arrived.
             events_in = [decode_event(e, hashed=True) for e in [*waiting["events"], tail]]
@@ -408,7 +455,9 @@ def _apply_tail(
         state["baseline"] = baseline
     outcome = "executed" if executed else "failed"
     state["counts"][outcome] += 1
-    entry = {k: v for k, v in waiting.items() if k != "events"}
+    if unknown:
+        state["counts"]["effect_unknown"] = state["counts"].get("effect_unknown", 0) - 1  # settled now
+    entry = {k: v for k, v in waiting.items() if k not in ("events", "effect_unknown")}
     entry.update(
         last_seq=tail["seq"],
         last_hash=tail["hash"],
@@ -416,7 +465,6 @@ def _apply_tail(
         outcome=outcome,
         event_ids=[*waiting["event_ids"], tail["event_id"]],
     )
-    slot = state["seen"][run_id]
     _store(state, slot, entry)
     return Folded(state, "applied", baseline_changed=baseline is not None, slot=slot)
 

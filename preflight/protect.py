@@ -534,7 +534,7 @@ def _fixed(fixed: Any, text: SealText) -> Any:
 
 
 def _reason_slot(decision: Any) -> str:
-    return "outcome/reason" if decision in ("executed", "failed") else "reason"
+    return "outcome/reason" if decision in ("executed", "failed", "effect_unknown") else "reason"
 
 
 def protect_payload(event_type: str, payload: Mapping[str, Any], value: SealValue, text: SealText) -> dict[str, Any]:
@@ -578,12 +578,12 @@ def protect_payload(event_type: str, payload: Mapping[str, Any], value: SealValu
         record = out.get("record")
         if isinstance(record, Mapping) and isinstance(record.get("reason"), str):
             out["record"] = {**record, "reason": text(record["reason"], "reason")}
-    elif event_type in ("executed", "execution_failed"):
+    elif event_type in ("executed", "execution_failed", "effect_unknown", "effect_read_back"):
         if isinstance(out.get("reason"), str):
             out["reason"] = text(out["reason"], "outcome/reason")
         if isinstance(out.get("output_check"), str):  # a violation quotes the tool's output
             out["output_check"] = text(out["output_check"], "outcome/output_check")
-        if event_type == "execution_failed" and isinstance(out.get("error"), str):
+        if event_type in ("execution_failed", "effect_unknown") and isinstance(out.get("error"), str):
             out["error"] = text(out["error"], "outcome/error")
     return out
 

@@ -964,6 +964,7 @@ def gateway(
                     host=host,
                     port=port,
                     ops=(ops_host, ops_port) if ops_port is not None else None,
+                    private_broker=settings.embedded,
                 )
             )
         except GatewaySettingsError as exc:
@@ -973,6 +974,7 @@ def gateway(
 @gateway_app.command("init")
 @_reported
 def gateway_init(
+    ctx: typer.Context,
     client_config: Annotated[
         Path, typer.Argument(help="the MCP client's configuration (JSON with mcpServers)", dir_okay=False)
     ],
@@ -987,14 +989,18 @@ def gateway_init(
     """Write the gateway's settings from an MCP client's configuration, and the client entry that points at it."""
     import json
 
+    from gateway.health import PRIVATE_BROKER_WARNING, deployment_env
     from gateway.init import init_gateway
     from gateway.settings import GatewaySettingsError
     from preflight_audit.errors import ConfigurationError
 
+    settings = _settings(ctx)
     try:
-        client = init_gateway(client_config, out, user=user)
+        client = init_gateway(client_config, out, user=user, env=deployment_env(settings, ctx.obj.settings_file))
     except GatewaySettingsError as exc:
         raise ConfigurationError(str(exc)) from None
+    if settings.embedded:
+        _err().print(f"warning: {PRIVATE_BROKER_WARNING}", soft_wrap=True)
     text = json.dumps(client, indent=2) + "\n"
     if client_out is None:
         typer.echo(text, nl=False)

@@ -812,6 +812,7 @@ class PreparedTail(NamedTuple):
     timestamp: str
     archive_row: int
     execution_row: int
+    took_effect: bool | None = None  # an effect_read_back's verdict
 
 
 Prepared = PreparedRun | PreparedTail | Rejected
@@ -979,6 +980,7 @@ def _prepared_tail(decoded: VerifiedTail, position: int, archive_row: int, execu
         timestamp=e["timestamp"],
         archive_row=archive_row,
         execution_row=execution_row,
+        took_effect=e.get("took_effect"),
     )
 
 
@@ -1027,9 +1029,12 @@ def _judge_tail(
 
     if state is None:
         return reject("outcome_without_run", f"{tail.event_type} for run {tail.run_id}, which has no recorded run")
-    if state.outcome is not None:
-        if state.last_hash == tail.hash:
-            return "duplicate"
+    read_back = tail.event_type == "effect_read_back"
+    if state.outcome is not None and state.last_hash == tail.hash:
+        return "duplicate"
+    if read_back and state.outcome is None:  # as the fold words it: the same verdict, the same code
+        return reject("read_back_without_unknown", f"a read-back for run {tail.run_id}, whose effect is not unknown")
+    if state.outcome is not None and (not read_back or state.outcome != "effect_unknown"):
         return reject("second_outcome", f"second outcome for run {tail.run_id} (it is already {state.outcome})")
     if state.decision != "execute":
         return reject("outcome_for_non_execute", f"{tail.event_type} for a run whose decision was {state.decision}")
@@ -1046,7 +1051,7 @@ def _judge_tail(
     ]
     if mismatched:
         return reject("outcome_mismatch", f"the outcome's {', '.join(mismatched)} differ from the approved decision")
-    if trust is not None:
+    if trust is not None and not read_back:  # a read-back's decision was judged with its effect_unknown
         occurred_at = executions.column("occurred_at")[tail.execution_row].as_py() if executions is not None else None
         refusal = trust.refusal(tail.event_type, state, occurred_at)
         if refusal is not None:
@@ -1054,9 +1059,16 @@ def _judge_tail(
     return None
 
 
+def tail_outcome(event_type: str, took_effect: Any = None) -> str:
+    """The outcome a run has after a tail event: ``executed``, ``failed``, ``effect_unknown``; after a read-back,
+    ``executed`` if the call took effect, else ``failed``."""
+    if event_type == "effect_read_back":
+        return "executed" if took_effect is True else "failed"
+    return {"executed": "executed", "effect_unknown": "effect_unknown"}.get(event_type, "failed")
+
+
 def _execution_row(tail: VerifiedTail) -> tuple[Any, ...]:
     e = tail.event
-    executed = e["event_type"] == "executed"
     return (
         tail.run_id,
         e["event_id"].lower(),
@@ -1065,9 +1077,9 @@ def _execution_row(tail: VerifiedTail) -> tuple[Any, ...]:
         e["user_id"],
         e["agent_id"],
         e["tool_name"],
-        "executed" if executed else "failed",
+        tail_outcome(e["event_type"], e.get("took_effect")),
         e["arguments_digest"],
-        e.get("result_digest"),
+        e.get("result_digest", e.get("readback_result_digest")),
         e.get("error_type"),
         e.get("error"),
         e["reason"],
@@ -1216,7 +1228,7 @@ class _BatchPlanner:
         self.event_ids.append(item.event_id)
         self.takes[ARCHIVE.name].append(base[ARCHIVE.name] + item.archive_row)
         self.takes[EXECUTIONS.name].append(base[EXECUTIONS.name] + item.execution_row)
-        outcome = "executed" if item.event_type == "executed" else "failed"
+        outcome = tail_outcome(item.event_type, item.took_effect)
         after = state._replace(
             outcome=outcome, last_seq=item.seq, last_hash=item.hash, event_count=state.event_count + 1
         )

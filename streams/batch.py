@@ -193,6 +193,8 @@ DEAD_LETTER_CODES: tuple[tuple[str, str], ...] = (
     ("for a run whose decision was", "outcome_for_non_execute"),
     ("without a recorded execute decision", "outcome_without_run"),
     ("second outcome", "second_outcome"),
+    ("whose effect is not unknown", "read_back_without_unknown"),
+    ("whose effect is unknown", "second_outcome"),
     # An outcome's decision, by the projector's codes (`projections.signatures`): unsigned is not badly signed.
     ("which carries no signature", "unsigned_decision"),
     ("which carries an unreadable signature", "unsigned_decision"),

@@ -67,7 +67,11 @@ async def _events() -> list[Any]:
         failed = await pf.execute_if_ready(again, sc.BANK_TOOL, lambda n, a: {"isError": True, "content": []})
         assert (done.status, replay.status, failed.status) == ("executed", "held", "failed")
         assert replay.refusal is not None
-        runs = [done.state, replay.refusal, failed.state]
+        third = await pf.run_and_record(sc.transfer(user_answers={"to_account": "2200119"}))
+        unknown = await pf.execute_if_ready(third, sc.BANK_TOOL, _times_out)
+        assert unknown.status == "effect_unknown"
+        settled = await pf.settle_effect(unknown.state, took_effect=True, basis="user", reason="the user said so")
+        runs = [done.state, replay.refusal, failed.state, settled]
         for engine_hooks, extra in (
             ({}, {}),
             ({"classify_when_case": lambda i: "scheduled", "apply_field_policy": _pending}, {}),
@@ -83,6 +87,10 @@ async def _events() -> list[Any]:
         runs.append(await gated.run_and_record(sc.transfer(user_answers={"to_account": "2200119"})))
         events += [e for r in runs for e in r.run_events]
     return events
+
+
+def _times_out(name: str, args: Any) -> Any:
+    raise TimeoutError("no answer in time")
 
 
 def _pending(record: dict[str, Any], ctx: Any) -> dict[str, Any]:

@@ -518,9 +518,18 @@ def every_kind_of_event() -> tuple[dict[str, Any], ...]:
             await scenarios.play(session, approving)
         for session in scenarios.generate_sessions(60):
             await scenarios.play(session, world)
+        # A call with no answer (effect unknown), then its read-back (SPEC §2.7).
+        pf = create_preflight(sc.hooks(), MemoryStorage(), sink)
+        ready = await pf.run_and_record(sc.transfer(user_answers=sc.READY_ANSWERS))
+        unknown = await pf.execute_if_ready(ready, sc.BANK_TOOL, _no_answer)
+        await pf.settle_effect(unknown.state, took_effect=True, basis="user", reason="the user said so")
 
     asyncio.run(play())
     return tuple(e.model_dump(mode="json") for e in sink.events)
+
+
+def _no_answer(name: str, arguments: Any) -> Any:
+    raise TimeoutError("no answer")
 
 
 def _json_values() -> st.SearchStrategy[Any]:
