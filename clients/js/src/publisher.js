@@ -1,11 +1,11 @@
 // Publishing to the events topic with kafkajs, as the contract's transport says: one Kafka message per
 // run (a JSON array of its events, `seq` 0 to `run_closed`) or per outcome (one `executed` or
 // `execution_failed` continuing its closed run), keyed by the `action_key` (`__preflight_unkeyed__` when
-// it is null), with the contract's headers. Every event is checked against the contract and its chain
+// it is null), each event in its canonical bytes, with the contract's headers. Every event is checked against the contract and its chain
 // before anything is sent; a message is acknowledged by all in-sync replicas before `publish` returns.
 import { Kafka, logLevel } from 'kafkajs';
 import { assertEvents } from './validate.js';
-import { chainProblems } from './chain.js';
+import { canonicalJson, chainProblems } from './chain.js';
 
 /** The key of a message whose events have no `action_key`. */
 export const UNKEYED = '__preflight_unkeyed__';
@@ -26,13 +26,14 @@ export function messageKey(events) {
   return key ?? UNKEYED;
 }
 
-/** The message's headers (the contract's transport section). */
+/** The message's headers, as the contract's transport section lists them (the consumers do not need them). */
 export function messageHeaders(events) {
-  const first = events[0];
+  const last = events.at(-1);
   return {
-    'schema-version': String(first.schema_version),
-    'run-id': first.run_id,
-    'event-types': events.map((e) => e.event_type).join(','),
+    event_type: last.event_type,
+    schema_version: String(last.schema_version),
+    event_count: String(events.length),
+    run_id: last.run_id,
   };
 }
 
@@ -50,11 +51,15 @@ export function assertMessageShape(events) {
   if (problems.length > 0) throw new MessageShapeError(`the run's chain is broken: ${problems.join('; ')}`);
 }
 
-/** The encoded message: (key, value, headers) as they go on the wire. */
+/**
+ * The encoded message: (key, value, headers) as they go on the wire. Each event is written in the
+ * canonical form it was hashed over (with `hash` in its sorted place), so the consumers check it on its
+ * own bytes.
+ */
 export function encodeMessage(events) {
   return {
     key: messageKey(events),
-    value: JSON.stringify(events),
+    value: `[${events.map((e) => canonicalJson(e)).join(',')}]`,
     headers: messageHeaders(events),
   };
 }

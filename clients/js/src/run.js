@@ -20,6 +20,22 @@ export function digestOf(value) {
   return `sha256:${sha256Hex(canonicalJson(value))}`;
 }
 
+/**
+ * What `run_closed` carries of the record: the members no other event holds (the rest -- fixed
+ * checklist, fields, checklist, gate, decision -- is rebuilt from the run's events).
+ */
+export function closedRecord(record) {
+  return {
+    schema_version: String(record.schema_version),
+    advisory_notes: record.advisory_notes ?? '',
+    unknown_count: record.unknown_count ?? null,
+    unverified_checklist_count: record.unverified_checklist_count ?? null,
+    fields_computed: Array.isArray(record.fields),
+    reason: record.reason,
+    timestamp: record.timestamp,
+  };
+}
+
 const DECISIONS = new Set(['execute', 'ask_user', 'hold', 'deferred']);
 
 function envelope(ctx, eventType) {
@@ -153,7 +169,7 @@ export function buildRun(spec) {
   } else {
     events.push({ ...envelope(ctx, 'gate_blocked'), decision, ...blockedGate(record, spec.blocked) });
   }
-  events.push({ ...envelope(ctx, 'run_closed'), decision, event_count: 0, last_hash: '', record });
+  events.push({ ...envelope(ctx, 'run_closed'), decision, event_count: 0, last_hash: '', record: closedRecord(record) });
   return { runId: ctx.runId, events: sealChain(events), decision: approved };
 }
 

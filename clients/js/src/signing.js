@@ -21,30 +21,34 @@ export function formatTime(date) {
   return date.toISOString().replace(/\.(\d{3})Z$/, '.$1000Z');
 }
 
-/** The key id of an Ed25519 public key: the contract's derivation from its raw 32 bytes. */
+/** The domain tag that starts every signed payload (then a newline). */
+export const PAYLOAD_TAG = 'preflight-audit/execute-decision/v1';
+
+/** The key id of an Ed25519 public key: `ed25519:` and the first 16 hex digits of the SHA-256 of its raw 32 bytes. */
 export function keyIdOf(publicKey) {
   const raw = publicKey.export({ format: 'jwk' }).x;
   return `ed25519:${createHash('sha256').update(Buffer.from(raw, 'base64url')).digest('hex').slice(0, 16)}`;
 }
 
 /**
- * The exact bytes that are signed: the decision's members (`decision_id`, `run_id`, `action_key`,
- * `tool_name`, `arguments_digest`) and the envelope's (`algorithm`, `key_id`, `issued_at`,
- * `expires_at`, `nonce`), as canonical JSON in UTF-8.
+ * The exact bytes that are signed: the domain tag, a newline, and the canonical JSON (UTF-8) of the
+ * decision's members (`decision_id`, `run_id`, `action_key`, `tool_name`, `arguments_digest`) and the
+ * envelope's (`issued_at`, `expires_at`, `nonce`, `key_id`, `algorithm`) -- exactly these ten.
  */
 export function signedPayload(decision, envelope) {
-  const { value: _value, ...unsigned } = envelope;
-  return Buffer.from(
-    canonicalJson({
-      action_key: decision.action_key,
-      arguments_digest: decision.arguments_digest,
-      decision_id: decision.decision_id,
-      run_id: decision.run_id,
-      tool_name: decision.tool_name,
-      ...unsigned,
-    }),
-    'utf8',
-  );
+  const members = {
+    decision_id: decision.decision_id,
+    run_id: decision.run_id,
+    action_key: decision.action_key ?? null,
+    tool_name: decision.tool_name,
+    arguments_digest: decision.arguments_digest,
+    issued_at: envelope.issued_at,
+    expires_at: envelope.expires_at,
+    nonce: envelope.nonce,
+    key_id: envelope.key_id,
+    algorithm: envelope.algorithm,
+  };
+  return Buffer.from(`${PAYLOAD_TAG}\n${canonicalJson(members)}`, 'utf8');
 }
 
 export class DecisionSigner {
@@ -92,7 +96,7 @@ export class DecisionSigner {
       expires_at: formatTime(new Date(now.getTime() + this.ttlSeconds * 1000)),
       nonce: randomBytes(16).toString('hex'),
     };
-    const value = sign(null, signedPayload(decision, envelope), this.privateKey).toString('base64');
+    const value = sign(null, signedPayload(decision, envelope), this.privateKey).toString('base64url');
     return { ...envelope, value };
   }
 }
@@ -100,5 +104,5 @@ export class DecisionSigner {
 /** Whether `envelope` is a valid signature of `decision` by `publicKey` (the consumers' check). */
 export function verifyDecision(decision, envelope, publicKey) {
   if (envelope?.algorithm !== ALGORITHM) return false;
-  return verify(null, signedPayload(decision, envelope), publicKey, Buffer.from(envelope.value, 'base64'));
+  return verify(null, signedPayload(decision, envelope), publicKey, Buffer.from(envelope.value, 'base64url'));
 }
