@@ -57,8 +57,11 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "clients" / "js"
 EXAMPLE = PACKAGE / "examples" / "bank-transfer.js"
 CANONICAL = PACKAGE / "examples" / "canonical.js"
-JS_USER, PY_USER = "u_js", "u_py"
-JS_KEY, PY_KEY = f"{JS_USER}:bank.transfer", f"{PY_USER}:bank.transfer"
+SKELETON_AGENT = PACKAGE / "examples" / "skeleton-agent.js"
+#: The seed's reference skeleton, fetched by `make reference-skeleton` (not part of this project).
+SKELETON = ROOT / "bench" / ".cache" / "execution-state-preflight.js"
+JS_USER, PY_USER, SK_USER = "u_js", "u_py", "u_sk"
+JS_KEY, PY_KEY, SK_KEY = f"{JS_USER}:bank.transfer", f"{PY_USER}:bank.transfer", f"{SK_USER}:bank.transfer"
 #: Bound on a node subprocess.
 NODE_TIMEOUT_S = 60.0
 
@@ -138,6 +141,7 @@ class World:
     executions: dict[str, list[dict[str, Any]]]
     verify_ok: bool
     verify_lines: list[str]
+    skeleton: list[dict[str, Any]] | None  # the skeleton agent's runs, None without the skeleton
 
     def js(self, kind: str) -> dict[str, Any]:
         return next(s for s in self.sent if s["kind"] == kind)
@@ -192,10 +196,29 @@ async def _build(node: str, bootstrap: str, directory: Path) -> World:
             str(private),
             "--tampered",
         )
+        skeleton = None
+        if SKELETON.is_file():
+            skeleton = await asyncio.to_thread(
+                _node_json,
+                node,
+                SKELETON_AGENT,
+                "--skeleton",
+                str(SKELETON),
+                "--brokers",
+                bootstrap,
+                "--topic",
+                topic,
+                "--baseline-url",
+                rig.base_url,
+                "--key",
+                str(private),
+                "--user",
+                SK_USER,
+            )
         await rig.wait_caught_up()
         totals = await rig.totals()
         letters = await rig.dead_letters(lambda records: len(records) >= totals["messages"]["dead_letters"])
-        baselines = {key: await rig.baseline(key) for key in (JS_KEY, PY_KEY)}
+        baselines = {key: await rig.baseline(key) for key in (JS_KEY, PY_KEY, SK_KEY)}
         await asyncio.to_thread(projector.stop)
         await project_to_end(bootstrap, topic, db)
     finally:
@@ -210,7 +233,7 @@ async def _build(node: str, bootstrap: str, directory: Path) -> World:
         baselines=baselines,
         worker_totals=totals,
         projector_letters=read_table(db, "dead_letters"),
-        provenance={key: _provenance(db, key) for key in (JS_KEY, PY_KEY)},
+        provenance={key: _provenance(db, key) for key in (JS_KEY, PY_KEY, SK_KEY)},
         runs={
             key: _rows(db, "SELECT * FROM runs WHERE action_key = ?", key) for key in (JS_KEY, PY_KEY)
         },
@@ -218,6 +241,7 @@ async def _build(node: str, bootstrap: str, directory: Path) -> World:
         executions={key: _rows(db, "SELECT * FROM executions WHERE action_key = ?", key) for key in (JS_KEY, PY_KEY)},
         verify_ok=report.ok,
         verify_lines=report.lines(),
+        skeleton=skeleton,
     )
 
 
@@ -337,6 +361,31 @@ def test_the_signed_decision_was_trusted_and_its_outcome_projected(world: World)
 
 def test_the_ledger_verifies_the_archive(world: World) -> None:
     assert world.verify_ok, world.verify_lines
+
+
+# ---- the reference skeleton, audited ---------------------------------------------------------------------
+
+
+def test_the_reference_skeleton_is_audited_through_the_storage_port(world: World) -> None:
+    """The skeleton's first run executes (recipient answered); its second, unanswered, reads the fold
+    worker's baseline through `load` and inherits the recipient (tier 4), and provenance says so."""
+    if world.skeleton is None:
+        pytest.skip(f"the reference skeleton is not fetched ({SKELETON.relative_to(ROOT)}): `make reference-skeleton`")
+    assert world.skeleton == [
+        {"run": 0, "decision": "execute", "status": "executed",
+         "to_account": {"value": "2200119", "source": "user_answer", "origin_source": "user_answer"}},
+        {"run": 1, "decision": "execute", "status": "executed",
+         "to_account": {"value": "2200119", "source": "prior_state", "origin_source": "user_answer"}},
+    ]  # fmt: skip
+    rows = [r for r in world.provenance[SK_KEY] if r["field"] == "to_account"]
+    assert sorted((r["source"], r["origin_source"], r["inherited"]) for r in rows) == [
+        ("prior_state", "user_answer", True),
+        ("user_answer", "user_answer", False),
+    ]
+    inherited = next(r for r in rows if r["inherited"])
+    first = next(r for r in rows if not r["inherited"])
+    assert inherited["first_supplied_in_run_id"] == first["run_id"]
+    assert world.baselines[SK_KEY]["status"] == "ok"
 
 
 # ---- the canonical form, both languages ------------------------------------------------------------------

@@ -55,7 +55,7 @@ export function decided(user, at) {
   const ask = {
     ...base,
     fixed: fixed(true),
-    fields: [fromAccount, amount, { name: 'to_account', value: null, status: 'unknown', source: null, origin_source: null, resolved_at: at }],
+    fields: [fromAccount, amount, { name: 'to_account', status: 'unknown', source: null, origin_source: null, resolved_at: at }],
     user_checklist: verified,
     unknown_count: 1,
     unverified_checklist_count: 0,
@@ -126,12 +126,7 @@ async function main() {
     print('execute', approved, await publisher.publish(approved.events));
     const outcome = buildOutcome(approved, { status: 'executed', result: 'ok', reason: 'executed' });
     print('executed', approved, await publisher.publish(outcome));
-    const held = buildRun({
-      ...common,
-      record: hold,
-      attempts: { tool_attempt: 2 },
-      blocked: { gate_name: 'tool', kind: 'tool_undetermined_exhausted', gap_class: 'action_definition_gap' },
-    });
+    const held = buildRun({ ...common, record: hold, attempts: { tool_attempt: 2 } });
     print('hold', held, await publisher.publish(held.events));
     if (values.tampered) {
       const run = buildRun({ ...common, record: execute, signer });

@@ -6,3 +6,4 @@ export { RunShapeError, blockedGate, buildOutcome, buildRun, closedRecord, diges
 export { EventPublisher, MessageShapeError, UNKEYED, assertMessageShape, encodeMessage, messageHeaders, messageKey } from './publisher.js';
 export { ContractViolation, assertEvents, eventProblems } from './validate.js';
 export { EVENT_DEFINITIONS, REQUIRED_MEMBERS, SCHEMA, SCHEMA_ID } from './contract.generated.js';
+export { BaselineUnavailable, SkeletonStorage } from './skeleton.js';

@@ -59,15 +59,29 @@ function segmentShapes(instruction) {
   return instruction.map((s) => ({ trust: s.trust, origin: s.origin ?? null, length: [...(s.text ?? '')].length }));
 }
 
-/** Which gate stopped a run, from its record (the contract's gate names and gap classes). */
+/**
+ * Which gate stopped a run, read from its record as SPEC 2.3 and 5 describe the gates: a gate `kind`
+ * of `intent_undetermined*` is the intent gate (an instruction gap), `tool_undetermined*` the tool gate
+ * (an action-definition gap); a null gate is a checklist without ids (a configuration defect) or, with a
+ * reason starting `preflight error:`, the backstop (an internal error); anything else is the value gate
+ * (unknown fields or unverified items: an instruction gap). `blocked` overrides any of the three.
+ */
 export function blockedGate(record, blocked = {}) {
   const gate = record.gate ?? null;
   const unknownFields = (gate?.unknown_fields ?? []).map((f) => f.name);
   const unverified = (gate?.unverified_checklist ?? []).map((i) => i.id);
+  const kind = typeof gate?.kind === 'string' ? gate.kind : null;
+  let derived;
+  if (kind?.startsWith('intent_undetermined')) derived = ['intent', kind, 'instruction_gap'];
+  else if (kind?.startsWith('tool_undetermined')) derived = ['tool', kind, 'action_definition_gap'];
+  else if (gate === null && String(record.reason ?? '').startsWith('preflight error:')) {
+    derived = ['backstop', 'preflight_error', 'internal_error'];
+  } else if (gate === null) derived = ['checklist_ids', 'checklist_id_missing', 'configuration_defect'];
+  else derived = ['value', kind ?? 'value_gate', 'instruction_gap'];
   return {
-    gate_name: blocked.gate_name ?? (unknownFields.length || unverified.length ? 'value' : 'tool'),
-    kind: blocked.kind ?? gate?.kind ?? 'unknown_values',
-    gap_class: blocked.gap_class ?? 'instruction_gap',
+    gate_name: blocked.gate_name ?? derived[0],
+    kind: blocked.kind ?? derived[1],
+    gap_class: blocked.gap_class ?? derived[2],
     unknown_fields: unknownFields,
     unverified_items: unverified,
     gate,
@@ -125,7 +139,7 @@ export function buildRun(spec) {
   if (match && record.action_key !== null) {
     events.push({
       ...envelope(ctx, 'tool_match_decided'),
-      tool_name: tool.name,
+      tool_name: tool?.name ?? record.fixed.c3_provider_action_name,
       approved: match.approved === true,
       reason: match.reason ?? null,
       phase: record.phase,
@@ -142,6 +156,7 @@ export function buildRun(spec) {
   let approved = null;
   if (decision === 'execute') {
     const args = Object.fromEntries((record.fields ?? []).map((f) => [f.name, f.value]));
+    if (!tool?.name) throw new RunShapeError('an execute run needs the tool it judged');
     approved = {
       decision_id: spec.decisionId ?? randomUUID(),
       run_id: ctx.runId,

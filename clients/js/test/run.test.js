@@ -6,6 +6,7 @@ import { CHECKLIST, INSTRUCTION, TEXT, TOOL, decided } from '../examples/bank-tr
 import {
   DecisionSigner,
   RunShapeError,
+  blockedGate,
   buildOutcome,
   buildRun,
   chainProblems,
@@ -23,7 +24,7 @@ const common = { userId: 'u_js', agentId: 'agent-js', tool: TOOL, instruction: I
 const runs = {
   ask_user: buildRun({ ...common, record: records.ask }),
   execute: buildRun({ ...common, record: records.execute, signer }),
-  hold: buildRun({ ...common, record: records.hold, attempts: { tool_attempt: 2 }, blocked: { gate_name: 'tool', kind: 'tool_undetermined_exhausted', gap_class: 'action_definition_gap' } }),
+  hold: buildRun({ ...common, record: records.hold, attempts: { tool_attempt: 2 } }),
 };
 
 for (const [decision, run] of Object.entries(runs)) {
@@ -107,4 +108,18 @@ test('only an execute run has an outcome, and only a known one', () => {
 test('a record without a decision of the contract is refused by name', () => {
   assert.throws(() => buildRun({ ...common, record: { ...records.ask, execution_decision: 'executed' } }), RunShapeError);
   assert.throws(() => buildRun({ ...common, record: null }), RunShapeError);
+});
+
+test('the blocking gate is read from the record as the SPEC names the gates', () => {
+  const of = (gate, reason = '') => {
+    const b = blockedGate({ gate, reason });
+    return [b.gate_name, b.kind, b.gap_class];
+  };
+  assert.deepEqual(of({ kind: 'intent_undetermined' }), ['intent', 'intent_undetermined', 'instruction_gap']);
+  assert.deepEqual(of({ kind: 'tool_undetermined_exhausted' }), ['tool', 'tool_undetermined_exhausted', 'action_definition_gap']);
+  assert.deepEqual(of({ unknown_fields: [{ name: 'a', note: null }], unverified_checklist: [] }), ['value', 'value_gate', 'instruction_gap']);
+  assert.deepEqual(of(null, 'preflight error: boom')[2], 'internal_error');
+  assert.deepEqual(of(null, 'hold: checklist item without id at 0')[2], 'configuration_defect');
+  const held = runs.hold.events.find((e) => e.event_type === 'gate_blocked');
+  assert.deepEqual([held.gate_name, held.kind, held.gap_class], ['tool', 'tool_undetermined_exhausted', 'action_definition_gap']);
 });
