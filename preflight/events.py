@@ -232,6 +232,25 @@ class ExecutionApproved(Envelope):
     signature: DecisionSignature | None = Field(default=None, exclude_if=lambda value: value is None)
 
 
+class ClosedRecord(BaseModel):
+    """What `run_closed.record` holds: the record's scalars that no other event of the run carries (the rest
+    of the record is rebuilt from the run's events, `preflight.emit.rebuild_record`).
+
+    The contract's shape of that member (`preflight.contract`); `RunClosed.record` stays a plain mapping so
+    that an event's hashed bytes are exactly what its producer wrote."""
+
+    model_config = _EVENT_CONFIG
+
+    schema_version: str
+    advisory_notes: str
+    unknown_count: int | None = Field(ge=0)
+    unverified_checklist_count: int | None = Field(ge=0)
+    #: False: the run never got as far as computing its fields (the record's `fields` is null, never []).
+    fields_computed: bool
+    reason: str
+    timestamp: str
+
+
 class RunClosed(Envelope):
     """The run's last decision event: final decision, how many events it has, the hash before it."""
 
