@@ -39,6 +39,13 @@
  * @property {string|null} user_id
  */
 /**
+ * The tool gate's verdict, recorded on both paths from the expression the gate branched on.
+ *
+ * @typedef {Object} C3Match
+ * @property {boolean} approved
+ * @property {string|null} reason
+ */
+/**
  * One user-checklist item as verified at trigger time (verified only if the hook said so).
  *
  * @typedef {Object} ChecklistItemVerified
@@ -57,11 +64,27 @@
  * @property {string|null} user_id
  */
 /**
+ * What `run_closed.record` holds: the record's scalars that no other event of the run carries (the rest
+ * of the record is rebuilt from the run's events, `preflight.emit.rebuild_record`).
+ *
+ * The contract's shape of that member (`preflight.contract`); `RunClosed.record` stays a plain mapping so
+ * that an event's hashed bytes are exactly what its producer wrote.
+ *
+ * @typedef {Object} ClosedRecord
+ * @property {string} advisory_notes
+ * @property {boolean} fields_computed
+ * @property {string} reason
+ * @property {string} schema_version
+ * @property {string} timestamp
+ * @property {number|null} unknown_count
+ * @property {number|null} unverified_checklist_count
+ */
+/**
  * The signature of an `execute` decision (`preflight.signing`): with the event's `decision_id`,
  * `run_id`, `action_key`, `tool_name` and `arguments_digest` these are the signed payload.
  *
  * @typedef {Object} DecisionSignature
- * @property {string} algorithm
+ * @property {"ed25519"} algorithm
  * @property {string} expires_at
  * @property {string} issued_at
  * @property {string} key_id
@@ -91,7 +114,7 @@
  * @property {string} run_id
  * @property {1|2|3} schema_version
  * @property {number} seq
- * @property {string|null} [structured_content_digest]
+ * @property {string} [structured_content_digest]
  * @property {string} timestamp
  * @property {string} tool_name
  * @property {string|null} user_id
@@ -109,7 +132,7 @@
  * @property {string} decision_id
  * @property {string} event_id
  * @property {"execution_approved"} event_type
- * @property {Object<string, *>} gate
+ * @property {ValueGate} gate
  * @property {string} hash
  * @property {string} occurred_at
  * @property {string} prev_hash
@@ -145,6 +168,22 @@
  * @property {string|null} user_id
  */
 /**
+ * One required argument: its value (if known) and where the value was found.
+ *
+ * @typedef {Object} FieldRecord
+ * @property {string|null} [_diag_note]
+ * @property {boolean|null} [lookup_failed]
+ * @property {string} name
+ * @property {string|null} [note]
+ * @property {"user_answer"|"instruction"|"pre_set_data"|"measured_data"|null} [origin_source]
+ * @property {boolean|null} [pending_at_trigger]
+ * @property {"matched"|"diverged"|"absent"|null} [proposal]
+ * @property {string} resolved_at
+ * @property {"user_answer"|"instruction"|"pre_set_data"|"measured_data"|"prior_state"|null} [source]
+ * @property {"known"|"unknown"} status
+ * @property {JsonValue} [value]
+ */
+/**
  * One required field: the record's entry plus the evidence of where the value was read.
  *
  * @typedef {Object} FieldResolved
@@ -153,7 +192,7 @@
  * @property {string} event_id
  * @property {"field_resolved"} event_type
  * @property {Object<string, *>} evidence
- * @property {Object<string, *>} field
+ * @property {FieldRecord} field
  * @property {string} hash
  * @property {string} occurred_at
  * @property {string} prev_hash
@@ -163,6 +202,16 @@
  * @property {string|null} user_id
  */
 /**
+ * The fixed checklist: when (C1), what the user calls the act (C2), which tool (C3).
+ *
+ * @typedef {Object} Fixed
+ * @property {"immediate"|"scheduled"|"conditional"|"recurring"|null} c1_when_case
+ * @property {"instruction"|"pre_set_data"|null} [c2_source]
+ * @property {string|null} c2_user_action_name
+ * @property {C3Match|null} [c3_match]
+ * @property {string|null} c3_provider_action_name
+ */
+/**
  * C1, C2 and C3 as settled (unsettled slots null), with the issues that blocked any of them.
  *
  * @typedef {Object} FixedChecklistResolved
@@ -170,7 +219,7 @@
  * @property {string|null} agent_id
  * @property {string} event_id
  * @property {"fixed_checklist_resolved"} event_type
- * @property {Object<string, *>} fixed
+ * @property {Fixed} fixed
  * @property {string} hash
  * @property {Array<Object<string, *>>} issues
  * @property {string} occurred_at
@@ -204,6 +253,9 @@
  * @property {string|null} user_id
  */
 /**
+ * @typedef {*} JsonValue
+ */
+/**
  * The run's last decision event: final decision, how many events it has, the hash before it.
  *
  * @typedef {Object} RunClosed
@@ -217,7 +269,7 @@
  * @property {string} last_hash
  * @property {string} occurred_at
  * @property {string} prev_hash
- * @property {Object<string, *>} record
+ * @property {ClosedRecord} record
  * @property {string} run_id
  * @property {1|2|3} schema_version
  * @property {number} seq
@@ -290,6 +342,25 @@
  * @property {number} seq
  * @property {string} tool_name
  * @property {string|null} user_id
+ */
+/**
+ * @typedef {Object} UnknownFieldEntry
+ * @property {string} name
+ * @property {string|null} note
+ */
+/**
+ * @typedef {Object} UnverifiedItemEntry
+ * @property {string|null} description
+ * @property {string} id
+ * @property {string|null} note
+ */
+/**
+ * Gate 2 (provider and user checklists): what is missing, in what form.
+ *
+ * @typedef {Object} ValueGate
+ * @property {Object<string, *>|null} [_diag]
+ * @property {Array<UnknownFieldEntry>} unknown_fields
+ * @property {Array<UnverifiedItemEntry>} unverified_checklist
  */
 /** Any event of the contract.
  * @typedef {AdmissionAssessed|ChecklistItemVerified|Executed|ExecutionApproved|ExecutionFailed|FieldResolved|FixedChecklistResolved|GateBlocked|RunClosed|RunDeferred|RunStarted|ToolMatchDecided} PreflightEvent
@@ -592,6 +663,7 @@ export const SCHEMA = {
           "title": "Approval Scope"
         },
         "arguments_digest": {
+          "pattern": "^(?:sha256:[0-9a-f]{64}|hmac-sha256:[A-Za-z0-9._-]+:[0-9a-f]{64})$",
           "title": "Arguments Digest",
           "type": "string"
         },
@@ -709,6 +781,8 @@ export const SCHEMA = {
           "title": "Missing Arguments"
         },
         "occurred_at": {
+          "format": "date-time",
+          "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}(?:[.][0-9]+)?(?:[Zz]|[+-][0-9]{2}:[0-9]{2})$",
           "title": "Occurred At",
           "type": "string"
         },
@@ -791,6 +865,33 @@ export const SCHEMA = {
       "title": "AdmissionAssessed",
       "type": "object"
     },
+    "C3Match": {
+      "additionalProperties": false,
+      "description": "The tool gate's verdict, recorded on both paths from the expression the gate branched on.",
+      "properties": {
+        "approved": {
+          "title": "Approved",
+          "type": "boolean"
+        },
+        "reason": {
+          "anyOf": [
+            {
+              "type": "string"
+            },
+            {
+              "type": "null"
+            }
+          ],
+          "title": "Reason"
+        }
+      },
+      "required": [
+        "approved",
+        "reason"
+      ],
+      "title": "C3Match",
+      "type": "object"
+    },
     "ChecklistItemVerified": {
       "additionalProperties": false,
       "description": "One user-checklist item as verified at trigger time (verified only if the hook said so).",
@@ -834,6 +935,8 @@ export const SCHEMA = {
           "type": "string"
         },
         "index": {
+          "maximum": 2147483647,
+          "minimum": 0,
           "title": "Index",
           "type": "integer"
         },
@@ -843,6 +946,8 @@ export const SCHEMA = {
           "type": "object"
         },
         "occurred_at": {
+          "format": "date-time",
+          "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}(?:[.][0-9]+)?(?:[Zz]|[+-][0-9]{2}:[0-9]{2})$",
           "title": "Occurred At",
           "type": "string"
         },
@@ -899,31 +1004,106 @@ export const SCHEMA = {
       "title": "ChecklistItemVerified",
       "type": "object"
     },
+    "ClosedRecord": {
+      "additionalProperties": false,
+      "description": "What `run_closed.record` holds: the record's scalars that no other event of the run carries (the rest\nof the record is rebuilt from the run's events, `preflight.emit.rebuild_record`).\n\nThe contract's shape of that member (`preflight.contract`); `RunClosed.record` stays a plain mapping so\nthat an event's hashed bytes are exactly what its producer wrote.",
+      "properties": {
+        "advisory_notes": {
+          "title": "Advisory Notes",
+          "type": "string"
+        },
+        "fields_computed": {
+          "title": "Fields Computed",
+          "type": "boolean"
+        },
+        "reason": {
+          "title": "Reason",
+          "type": "string"
+        },
+        "schema_version": {
+          "title": "Schema Version",
+          "type": "string"
+        },
+        "timestamp": {
+          "format": "date-time",
+          "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}(?:[.][0-9]+)?(?:[Zz]|[+-][0-9]{2}:[0-9]{2})$",
+          "title": "Timestamp",
+          "type": "string"
+        },
+        "unknown_count": {
+          "anyOf": [
+            {
+              "maximum": 2147483647,
+              "minimum": 0,
+              "type": "integer"
+            },
+            {
+              "type": "null"
+            }
+          ],
+          "title": "Unknown Count"
+        },
+        "unverified_checklist_count": {
+          "anyOf": [
+            {
+              "maximum": 2147483647,
+              "minimum": 0,
+              "type": "integer"
+            },
+            {
+              "type": "null"
+            }
+          ],
+          "title": "Unverified Checklist Count"
+        }
+      },
+      "required": [
+        "schema_version",
+        "advisory_notes",
+        "unknown_count",
+        "unverified_checklist_count",
+        "fields_computed",
+        "reason",
+        "timestamp"
+      ],
+      "title": "ClosedRecord",
+      "type": "object"
+    },
     "DecisionSignature": {
       "additionalProperties": false,
       "description": "The signature of an `execute` decision (`preflight.signing`): with the event's `decision_id`,\n`run_id`, `action_key`, `tool_name` and `arguments_digest` these are the signed payload.",
       "properties": {
         "algorithm": {
+          "enum": [
+            "ed25519"
+          ],
           "title": "Algorithm",
           "type": "string"
         },
         "expires_at": {
+          "format": "date-time",
+          "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}(?:[.][0-9]+)?(?:[Zz]|[+-][0-9]{2}:[0-9]{2})$",
           "title": "Expires At",
           "type": "string"
         },
         "issued_at": {
+          "format": "date-time",
+          "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}(?:[.][0-9]+)?(?:[Zz]|[+-][0-9]{2}:[0-9]{2})$",
           "title": "Issued At",
           "type": "string"
         },
         "key_id": {
+          "minLength": 1,
           "title": "Key Id",
           "type": "string"
         },
         "nonce": {
+          "minLength": 1,
           "title": "Nonce",
           "type": "string"
         },
         "value": {
+          "pattern": "^[A-Za-z0-9_-]+$",
           "title": "Value",
           "type": "string"
         }
@@ -966,6 +1146,7 @@ export const SCHEMA = {
           "title": "Agent Id"
         },
         "arguments_digest": {
+          "pattern": "^(?:sha256:[0-9a-f]{64}|hmac-sha256:[A-Za-z0-9._-]+:[0-9a-f]{64})$",
           "title": "Arguments Digest",
           "type": "string"
         },
@@ -990,6 +1171,8 @@ export const SCHEMA = {
           "type": "string"
         },
         "occurred_at": {
+          "format": "date-time",
+          "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}(?:[.][0-9]+)?(?:[Zz]|[+-][0-9]{2}:[0-9]{2})$",
           "title": "Occurred At",
           "type": "string"
         },
@@ -1015,6 +1198,7 @@ export const SCHEMA = {
           "type": "string"
         },
         "result_digest": {
+          "pattern": "^(?:sha256:[0-9a-f]{64}|hmac-sha256:[A-Za-z0-9._-]+:[0-9a-f]{64})$",
           "title": "Result Digest",
           "type": "string"
         },
@@ -1037,18 +1221,14 @@ export const SCHEMA = {
           "type": "integer"
         },
         "structured_content_digest": {
-          "anyOf": [
-            {
-              "type": "string"
-            },
-            {
-              "type": "null"
-            }
-          ],
           "default": null,
-          "title": "Structured Content Digest"
+          "pattern": "^(?:sha256:[0-9a-f]{64}|hmac-sha256:[A-Za-z0-9._-]+:[0-9a-f]{64})$",
+          "title": "Structured Content Digest",
+          "type": "string"
         },
         "timestamp": {
+          "format": "date-time",
+          "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}(?:[.][0-9]+)?(?:[Zz]|[+-][0-9]{2}:[0-9]{2})$",
           "title": "Timestamp",
           "type": "string"
         },
@@ -1117,6 +1297,7 @@ export const SCHEMA = {
           "title": "Agent Id"
         },
         "arguments_digest": {
+          "pattern": "^(?:sha256:[0-9a-f]{64}|hmac-sha256:[A-Za-z0-9._-]+:[0-9a-f]{64})$",
           "title": "Arguments Digest",
           "type": "string"
         },
@@ -1136,9 +1317,8 @@ export const SCHEMA = {
           "type": "string"
         },
         "gate": {
-          "additionalProperties": true,
-          "title": "Gate",
-          "type": "object"
+          "$ref": "#/$defs/ValueGate",
+          "title": "Gate"
         },
         "hash": {
           "pattern": "^[0-9a-f]{64}$",
@@ -1146,6 +1326,8 @@ export const SCHEMA = {
           "type": "string"
         },
         "occurred_at": {
+          "format": "date-time",
+          "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}(?:[.][0-9]+)?(?:[Zz]|[+-][0-9]{2}:[0-9]{2})$",
           "title": "Occurred At",
           "type": "string"
         },
@@ -1246,6 +1428,7 @@ export const SCHEMA = {
           "title": "Agent Id"
         },
         "arguments_digest": {
+          "pattern": "^(?:sha256:[0-9a-f]{64}|hmac-sha256:[A-Za-z0-9._-]+:[0-9a-f]{64})$",
           "title": "Arguments Digest",
           "type": "string"
         },
@@ -1278,6 +1461,8 @@ export const SCHEMA = {
           "type": "string"
         },
         "occurred_at": {
+          "format": "date-time",
+          "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}(?:[.][0-9]+)?(?:[Zz]|[+-][0-9]{2}:[0-9]{2})$",
           "title": "Occurred At",
           "type": "string"
         },
@@ -1309,6 +1494,8 @@ export const SCHEMA = {
           "type": "integer"
         },
         "timestamp": {
+          "format": "date-time",
+          "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}(?:[.][0-9]+)?(?:[Zz]|[+-][0-9]{2}:[0-9]{2})$",
           "title": "Timestamp",
           "type": "string"
         },
@@ -1349,6 +1536,144 @@ export const SCHEMA = {
         "schema_version"
       ],
       "title": "ExecutionFailed",
+      "type": "object"
+    },
+    "FieldRecord": {
+      "additionalProperties": false,
+      "description": "One required argument: its value (if known) and where the value was found.",
+      "properties": {
+        "_diag_note": {
+          "anyOf": [
+            {
+              "type": "string"
+            },
+            {
+              "type": "null"
+            }
+          ],
+          "default": null,
+          "title": "Diag Note"
+        },
+        "lookup_failed": {
+          "anyOf": [
+            {
+              "type": "boolean"
+            },
+            {
+              "type": "null"
+            }
+          ],
+          "default": null,
+          "title": "Lookup Failed"
+        },
+        "name": {
+          "minLength": 1,
+          "title": "Name",
+          "type": "string"
+        },
+        "note": {
+          "anyOf": [
+            {
+              "type": "string"
+            },
+            {
+              "type": "null"
+            }
+          ],
+          "default": null,
+          "title": "Note"
+        },
+        "origin_source": {
+          "anyOf": [
+            {
+              "enum": [
+                "user_answer",
+                "instruction",
+                "pre_set_data",
+                "measured_data"
+              ],
+              "type": "string"
+            },
+            {
+              "type": "null"
+            }
+          ],
+          "default": null,
+          "title": "Origin Source"
+        },
+        "pending_at_trigger": {
+          "anyOf": [
+            {
+              "type": "boolean"
+            },
+            {
+              "type": "null"
+            }
+          ],
+          "default": null,
+          "title": "Pending At Trigger"
+        },
+        "proposal": {
+          "anyOf": [
+            {
+              "enum": [
+                "matched",
+                "diverged",
+                "absent"
+              ],
+              "type": "string"
+            },
+            {
+              "type": "null"
+            }
+          ],
+          "default": null,
+          "title": "Proposal"
+        },
+        "resolved_at": {
+          "format": "date-time",
+          "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}(?:[.][0-9]+)?(?:[Zz]|[+-][0-9]{2}:[0-9]{2})$",
+          "title": "Resolved At",
+          "type": "string"
+        },
+        "source": {
+          "anyOf": [
+            {
+              "enum": [
+                "user_answer",
+                "instruction",
+                "pre_set_data",
+                "measured_data",
+                "prior_state"
+              ],
+              "type": "string"
+            },
+            {
+              "type": "null"
+            }
+          ],
+          "default": null,
+          "title": "Source"
+        },
+        "status": {
+          "enum": [
+            "known",
+            "unknown"
+          ],
+          "title": "Status",
+          "type": "string"
+        },
+        "value": {
+          "$ref": "#/$defs/JsonValue",
+          "default": null
+        }
+      },
+      "required": [
+        "name",
+        "status",
+        "resolved_at"
+      ],
+      "title": "FieldRecord",
       "type": "object"
     },
     "FieldResolved": {
@@ -1394,9 +1719,8 @@ export const SCHEMA = {
           "type": "object"
         },
         "field": {
-          "additionalProperties": true,
-          "title": "Field",
-          "type": "object"
+          "$ref": "#/$defs/FieldRecord",
+          "title": "Field"
         },
         "hash": {
           "pattern": "^[0-9a-f]{64}$",
@@ -1404,6 +1728,8 @@ export const SCHEMA = {
           "type": "string"
         },
         "occurred_at": {
+          "format": "date-time",
+          "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}(?:[.][0-9]+)?(?:[Zz]|[+-][0-9]{2}:[0-9]{2})$",
           "title": "Occurred At",
           "type": "string"
         },
@@ -1460,6 +1786,85 @@ export const SCHEMA = {
       "title": "FieldResolved",
       "type": "object"
     },
+    "Fixed": {
+      "additionalProperties": false,
+      "description": "The fixed checklist: when (C1), what the user calls the act (C2), which tool (C3).",
+      "properties": {
+        "c1_when_case": {
+          "anyOf": [
+            {
+              "enum": [
+                "immediate",
+                "scheduled",
+                "conditional",
+                "recurring"
+              ],
+              "type": "string"
+            },
+            {
+              "type": "null"
+            }
+          ],
+          "title": "C1 When Case"
+        },
+        "c2_source": {
+          "anyOf": [
+            {
+              "enum": [
+                "instruction",
+                "pre_set_data"
+              ],
+              "type": "string"
+            },
+            {
+              "type": "null"
+            }
+          ],
+          "default": null,
+          "title": "C2 Source"
+        },
+        "c2_user_action_name": {
+          "anyOf": [
+            {
+              "type": "string"
+            },
+            {
+              "type": "null"
+            }
+          ],
+          "title": "C2 User Action Name"
+        },
+        "c3_match": {
+          "anyOf": [
+            {
+              "$ref": "#/$defs/C3Match"
+            },
+            {
+              "type": "null"
+            }
+          ],
+          "default": null
+        },
+        "c3_provider_action_name": {
+          "anyOf": [
+            {
+              "type": "string"
+            },
+            {
+              "type": "null"
+            }
+          ],
+          "title": "C3 Provider Action Name"
+        }
+      },
+      "required": [
+        "c1_when_case",
+        "c2_user_action_name",
+        "c3_provider_action_name"
+      ],
+      "title": "Fixed",
+      "type": "object"
+    },
     "FixedChecklistResolved": {
       "additionalProperties": false,
       "description": "C1, C2 and C3 as settled (unsettled slots null), with the issues that blocked any of them.",
@@ -1498,9 +1903,8 @@ export const SCHEMA = {
           "type": "string"
         },
         "fixed": {
-          "additionalProperties": true,
-          "title": "Fixed",
-          "type": "object"
+          "$ref": "#/$defs/Fixed",
+          "title": "Fixed"
         },
         "hash": {
           "pattern": "^[0-9a-f]{64}$",
@@ -1516,6 +1920,8 @@ export const SCHEMA = {
           "type": "array"
         },
         "occurred_at": {
+          "format": "date-time",
+          "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}(?:[.][0-9]+)?(?:[Zz]|[+-][0-9]{2}:[0-9]{2})$",
           "title": "Occurred At",
           "type": "string"
         },
@@ -1666,6 +2072,8 @@ export const SCHEMA = {
           "type": "string"
         },
         "occurred_at": {
+          "format": "date-time",
+          "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}(?:[.][0-9]+)?(?:[Zz]|[+-][0-9]{2}:[0-9]{2})$",
           "title": "Occurred At",
           "type": "string"
         },
@@ -1741,6 +2149,7 @@ export const SCHEMA = {
       "title": "GateBlocked",
       "type": "object"
     },
+    "JsonValue": {},
     "RunClosed": {
       "additionalProperties": false,
       "description": "The run's last decision event: final decision, how many events it has, the hash before it.",
@@ -1798,10 +2207,13 @@ export const SCHEMA = {
           "type": "string"
         },
         "last_hash": {
+          "pattern": "^[0-9a-f]{64}$",
           "title": "Last Hash",
           "type": "string"
         },
         "occurred_at": {
+          "format": "date-time",
+          "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}(?:[.][0-9]+)?(?:[Zz]|[+-][0-9]{2}:[0-9]{2})$",
           "title": "Occurred At",
           "type": "string"
         },
@@ -1811,9 +2223,8 @@ export const SCHEMA = {
           "type": "string"
         },
         "record": {
-          "additionalProperties": true,
-          "title": "Record",
-          "type": "object"
+          "$ref": "#/$defs/ClosedRecord",
+          "title": "Record"
         },
         "run_id": {
           "title": "Run Id",
@@ -1913,6 +2324,8 @@ export const SCHEMA = {
           "type": "string"
         },
         "occurred_at": {
+          "format": "date-time",
+          "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}(?:[.][0-9]+)?(?:[Zz]|[+-][0-9]{2}:[0-9]{2})$",
           "title": "Occurred At",
           "type": "string"
         },
@@ -2045,6 +2458,8 @@ export const SCHEMA = {
           "title": "Instruction Segments"
         },
         "intent_attempt": {
+          "maximum": 2147483647,
+          "minimum": 0,
           "title": "Intent Attempt",
           "type": "integer"
         },
@@ -2060,6 +2475,8 @@ export const SCHEMA = {
           "title": "Intent Fingerprint"
         },
         "occurred_at": {
+          "format": "date-time",
+          "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}(?:[.][0-9]+)?(?:[Zz]|[+-][0-9]{2}:[0-9]{2})$",
           "title": "Occurred At",
           "type": "string"
         },
@@ -2091,12 +2508,15 @@ export const SCHEMA = {
           "type": "integer"
         },
         "tool_attempt": {
+          "maximum": 2147483647,
+          "minimum": 0,
           "title": "Tool Attempt",
           "type": "integer"
         },
         "tool_digest": {
           "anyOf": [
             {
+              "pattern": "^(?:sha256:[0-9a-f]{64}|hmac-sha256:[A-Za-z0-9._-]+:[0-9a-f]{64})$",
               "type": "string"
             },
             {
@@ -2205,6 +2625,8 @@ export const SCHEMA = {
           "type": "string"
         },
         "occurred_at": {
+          "format": "date-time",
+          "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}(?:[.][0-9]+)?(?:[Zz]|[+-][0-9]{2}:[0-9]{2})$",
           "title": "Occurred At",
           "type": "string"
         },
@@ -2297,28 +2719,116 @@ export const SCHEMA = {
       ],
       "title": "ToolMatchDecided",
       "type": "object"
+    },
+    "UnknownFieldEntry": {
+      "additionalProperties": false,
+      "properties": {
+        "name": {
+          "title": "Name",
+          "type": "string"
+        },
+        "note": {
+          "anyOf": [
+            {
+              "type": "string"
+            },
+            {
+              "type": "null"
+            }
+          ],
+          "title": "Note"
+        }
+      },
+      "required": [
+        "name",
+        "note"
+      ],
+      "title": "UnknownFieldEntry",
+      "type": "object"
+    },
+    "UnverifiedItemEntry": {
+      "additionalProperties": false,
+      "properties": {
+        "description": {
+          "anyOf": [
+            {
+              "type": "string"
+            },
+            {
+              "type": "null"
+            }
+          ],
+          "title": "Description"
+        },
+        "id": {
+          "title": "Id",
+          "type": "string"
+        },
+        "note": {
+          "anyOf": [
+            {
+              "type": "string"
+            },
+            {
+              "type": "null"
+            }
+          ],
+          "title": "Note"
+        }
+      },
+      "required": [
+        "id",
+        "description",
+        "note"
+      ],
+      "title": "UnverifiedItemEntry",
+      "type": "object"
+    },
+    "ValueGate": {
+      "additionalProperties": false,
+      "description": "Gate 2 (provider and user checklists): what is missing, in what form.",
+      "properties": {
+        "_diag": {
+          "anyOf": [
+            {
+              "additionalProperties": {
+                "$ref": "#/$defs/JsonValue"
+              },
+              "type": "object"
+            },
+            {
+              "type": "null"
+            }
+          ],
+          "default": null,
+          "title": "Diag"
+        },
+        "unknown_fields": {
+          "items": {
+            "$ref": "#/$defs/UnknownFieldEntry"
+          },
+          "title": "Unknown Fields",
+          "type": "array"
+        },
+        "unverified_checklist": {
+          "items": {
+            "$ref": "#/$defs/UnverifiedItemEntry"
+          },
+          "title": "Unverified Checklist",
+          "type": "array"
+        }
+      },
+      "required": [
+        "unknown_fields",
+        "unverified_checklist"
+      ],
+      "title": "ValueGate",
+      "type": "object"
     }
   },
   "$id": "https://preflight-audit.invalid/contract/events/v3",
   "$schema": "https://json-schema.org/draft/2020-12/schema",
-  "description": "`events.schema.json` beside this module is generated from the event models (`preflight.events`), the single source of truth: ``python -m preflight.contract`` writes it, and a test fails when the checked-in file is stale. It describes one event; a Kafka message on the events topic is a JSON array of one run's events (`seq` 0 to `run_closed`) or of one outcome (`executed` / `execution_failed`), keyed by the `action_key` (``__preflight_unkeyed__`` when it is null).  The schema holds each event's shape; what it cannot say, the consumers check too: each event's `hash` is the lower-case hex SHA-256 of its `prev_hash`, a newline, and the canonical JSON of every member but `hash` (keys sorted by code point, no whitespace, UTF-8, no NaN; `preflight.events.canonical_json`); a run's first event links to 64 zeros, and its `run_closed` states its event count and last hash.",
-  "discriminator": {
-    "mapping": {
-      "admission_assessed": "#/$defs/AdmissionAssessed",
-      "checklist_item_verified": "#/$defs/ChecklistItemVerified",
-      "executed": "#/$defs/Executed",
-      "execution_approved": "#/$defs/ExecutionApproved",
-      "execution_failed": "#/$defs/ExecutionFailed",
-      "field_resolved": "#/$defs/FieldResolved",
-      "fixed_checklist_resolved": "#/$defs/FixedChecklistResolved",
-      "gate_blocked": "#/$defs/GateBlocked",
-      "run_closed": "#/$defs/RunClosed",
-      "run_deferred": "#/$defs/RunDeferred",
-      "run_started": "#/$defs/RunStarted",
-      "tool_match_decided": "#/$defs/ToolMatchDecided"
-    },
-    "propertyName": "event_type"
-  },
+  "description": "One event of a preflight run. A Kafka message on the events topic is a JSON array of one run's events (seq 0 to run_closed) or of one outcome (executed / execution_failed), keyed by the action_key (__preflight_unkeyed__ when it is null). Each event's hash is the lower-case hex SHA-256 of its prev_hash, a newline (0x0A) and the canonical JSON of every member but hash: RFC 8785 (JCS: keys sorted by UTF-16 code units, no whitespace, UTF-8, numbers as ECMAScript writes them) for schema_version 3; Python's json.dumps with sorted keys (by code point) for versions 1 and 2. A run's first event links to 0000... (64 zeros); its run_closed states its event count and last hash. CONTRACT.md beside this file states the rest: headers, chain, signed decision, and the consumers' dead-letter codes.",
   "oneOf": [
     {
       "$ref": "#/$defs/RunStarted"
