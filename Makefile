@@ -9,8 +9,9 @@ STAMP := $(VENV)/.installed
 # Real MCP servers from npm that the tests start (the PyPI ones come with the dev extra): installed from the
 # lockfile into tests/servers/node_modules (git-ignored), pinned.
 NODE_SERVERS := tests/servers
-# The JavaScript producer (clients/js, its own package): installed from its lockfile, its node tests run by
-# `make test`. Node is needed where CI is set; elsewhere its absence is said and its tests are skipped.
+# The JavaScript producer (clients/js, its own package): installed from its lockfile (node and npm from
+# Debian's packages when missing and this is root), its node tests run by `make test`. Node is needed where
+# CI is set; elsewhere its absence is said and its tests are skipped.
 JS_CLIENT := clients/js
 NATIVE_SOURCES := native/Cargo.toml native/Cargo.lock native/pyproject.toml native/src/lib.rs native/preflight_audit_native.pyi
 
@@ -53,6 +54,9 @@ mcp-servers:
 	fi
 
 js-client:
+	@if ! command -v npm >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null; \
+	fi
 	@if command -v npm >/dev/null 2>&1; then \
 		npm ci --prefix $(JS_CLIENT) --no-audit --no-fund --loglevel=error; \
 	elif [ -n "$$CI" ]; then \

@@ -234,9 +234,7 @@ async def _build(node: str, bootstrap: str, directory: Path) -> World:
         worker_totals=totals,
         projector_letters=read_table(db, "dead_letters"),
         provenance={key: _provenance(db, key) for key in (JS_KEY, PY_KEY, SK_KEY)},
-        runs={
-            key: _rows(db, "SELECT * FROM runs WHERE action_key = ?", key) for key in (JS_KEY, PY_KEY)
-        },
+        runs={key: _rows(db, "SELECT * FROM runs WHERE action_key = ?", key) for key in (JS_KEY, PY_KEY)},
         gates={key: _rows(db, "SELECT * FROM gate_decisions WHERE action_key = ?", key) for key in (JS_KEY, PY_KEY)},
         executions={key: _rows(db, "SELECT * FROM executions WHERE action_key = ?", key) for key in (JS_KEY, PY_KEY)},
         verify_ok=report.ok,
@@ -282,9 +280,7 @@ def test_the_worker_folded_both_languages_alike(world: World) -> None:
 
 def _baseline_fields(body: dict[str, Any]) -> list[dict[str, Any]]:
     record = body["record"]
-    return [
-        {k: f.get(k) for k in ("name", "value", "status", "source", "origin_source")} for f in record["fields"]
-    ]
+    return [{k: f.get(k) for k in ("name", "value", "status", "source", "origin_source")} for f in record["fields"]]
 
 
 #: Provenance columns that name a run, an agent or a moment, not what was supplied or by whom.
