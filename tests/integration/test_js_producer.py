@@ -13,8 +13,9 @@ trust the one decision key both agents sign with. What must hold:
 * the provenance of the two users' runs, the baseline the worker serves, and the runs' gates agree
   between the languages, value by value;
 * the ledger's ``verify`` passes over the archive holding both;
-* a float and a key outside the Basic Multilingual Plane hash alike in both languages (the package's
-  canonical form against ``preflight.chain``'s).
+* a float and a key outside the Basic Multilingual Plane hash alike in both languages: the package's
+  canonical form and hash against ``preflight.chain``'s, and in the pipeline, where the JavaScript ask
+  run carries both in its gate's diagnostics and both consumers verify its chain.
 
 Node is needed; without it the module is skipped, except where ``CI`` is set, where it fails.
 """
@@ -393,6 +394,15 @@ CANONICAL_CASES: list[Any] = [
     {"\U0001d11e clef": {"é": 333333333.33333329, "z": "\u20ac\n\u000f"}, "\ue000": 1.5},
     {"event_type": "field_resolved", "field": {"name": "amount", "value": 12.75}, "seq": 3},
 ]
+
+
+def test_a_run_with_a_float_and_a_key_outside_the_bmp_passes_both_consumers(world: World) -> None:
+    (asked,) = [g for g in world.gates[JS_KEY] if g["decision"] == "ask_user"]
+    diag = json.loads(asked["gate"])["_diag"]
+    assert diag == {"extractor_confidence": 0.875, "scale": 1e21, "\U0001f4b8": "transfer", "\ufffd": "after it"}
+    assert (world.js("ask_user")["partition"], world.js("ask_user")["offset"]) not in {
+        (r["partition"], r["offset"]) for r in world.worker_letters + world.projector_letters
+    }
 
 
 def test_a_float_and_a_key_outside_the_bmp_hash_alike_in_both_languages(world: World) -> None:

@@ -59,7 +59,13 @@ export function decided(user, at) {
     user_checklist: verified,
     unknown_count: 1,
     unverified_checklist_count: 0,
-    gate: { unknown_fields: [{ name: 'to_account', note: 'not found in any source' }], unverified_checklist: [] },
+    gate: {
+      unknown_fields: [{ name: 'to_account', note: 'not found in any source' }],
+      unverified_checklist: [],
+      // The agent's diagnostics: a float and a key outside the Basic Multilingual Plane, whose canonical
+      // form (ECMAScript number form; keys by UTF-16 code units) the consumers must hash alike.
+      _diag: { extractor_confidence: 0.875, scale: 1e21, '\u{1F4B8}': 'transfer', '\uFFFD': 'after it' },
+    },
     execution_decision: 'ask_user',
     reason: 'ask_user: unknown_fields=1, unverified_checklist=0',
   };
