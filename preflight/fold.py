@@ -3,8 +3,10 @@
 `evolve(state, message, position)` is a pure function. A message is what the transport carries: a
 whole run (its events from seq 0 to `run_closed`) or a run's tail (`executed` / `execution_failed`).
 Only an `executed` tail for a run whose closed decision was `execute`, with an intact chain, moves
-the baseline. Everything else that is wrong is an anomaly: the state does not change and the caller
-routes the message to the dead-letter topic with the reason.
+the baseline. Each run and outcome gets the consumers' shared verdict (`preflight.verdict`), which the
+projector applies too: what it refuses is an anomaly under the same code (`Folded.code`). Everything
+else that is wrong is an anomaly too: the state does not change and the caller routes the message to
+the dead-letter topic with the reason.
 
 An outcome must also match the run's approved decision: the same `decision_id`, tool and arguments
 digest. A fold given a `DecisionVerifier` (the trusted public keys of the engines that sign decisions)
@@ -31,6 +33,7 @@ from preflight.errors import ChainError, EventDecodeError
 from preflight.events import EVENT_TYPES, SUPPORTED_EVENT_VERSIONS, decode_event
 from preflight.records import UNKEYED_RECORD_KEY, ExecutionRecord, RunRef
 from preflight.signing import DecisionVerifier, SignedDecision, parse_time
+from preflight.verdict import Problem, event_problem, run_problem
 
 RECENT_RUNS_PER_KEY = 64
 #: Event ids a key remembers, so that a new run reusing one (with other content) is an anomaly.
@@ -61,6 +64,8 @@ class Folded:
     outcome: Outcome
     reason: str | None = None
     baseline_changed: bool = False
+    #: An anomaly's dead-letter code when the verdict named it (`preflight.verdict.CODES`), the projector's too.
+    code: str | None = None
 
 
 def initial_state(action_key: str) -> dict[str, Any]:
@@ -78,6 +83,11 @@ def initial_state(action_key: str) -> dict[str, Any]:
 
 def _anomaly(state: dict[str, Any], reason: str) -> Folded:
     return Folded(state, "anomaly", reason)
+
+
+def _refused(state: dict[str, Any], problem: Problem) -> Folded:
+    """An anomaly the consumers' shared verdict names: its code leads the reason, as in the projector's."""
+    return Folded(state, "anomaly", str(problem), code=problem.code)
 
 
 def check_shape(event: Any) -> str | None:
@@ -187,6 +197,9 @@ def _apply_run(state: dict[str, Any], run_id: str, events: Sequence[Mapping[str,
         return _anomaly(
             state, f"{'broken hash chain' if problem[0] == 'broken_chain' else 'incomplete run'}: {problem[1]}"
         )
+    refused = run_problem(events)  # the contract's verdict, the projector's too (`preflight.verdict`)
+    if refused is not None:
+        return _refused(state, refused)
     closing = events[-1]
     prev = closing["hash"]
 
@@ -267,6 +280,9 @@ def _apply_tail(
     if len(events) != 1:
         return _anomaly(state, "a tail message carries exactly one executed/execution_failed event")
     tail = events[0]
+    refused = event_problem(tail, "event 0")  # the contract's verdict, the projector's too
+    if refused is not None:
+        return _refused(state, refused)
     waiting = state["awaiting"].get(run_id)
     if waiting is None:
         seen = state["recent"].get(run_id)
@@ -292,10 +308,12 @@ def _apply_tail(
             # The run's chain, each hash and the tail's link were verified as they arrived.
             events_in = [decode_event(e, hashed=True) for e in [*waiting["events"], tail]]
             record = rebuild_record(events_in, verify=False)
-        except (EventDecodeError, ChainError) as exc:
+        except (EventDecodeError, ChainError, ValueError) as exc:  # ValueError: pydantic's ValidationError
             return _anomaly(state, f"executed run cannot be rebuilt: {exc}")
         if record.execution_decision != "executed":
             return _anomaly(state, "executed run did not rebuild to an executed record")
+        if record.fields is None:  # the verdict refuses such a run before; never an empty baseline
+            return _anomaly(state, "executed run cannot be rebuilt: its record has no fields")
         state["baseline"] = {
             "run_id": run_id,
             "decision_id": tail.get("decision_id"),

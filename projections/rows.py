@@ -1064,6 +1064,10 @@ def _execution_row(tail: VerifiedTail) -> tuple[Any, ...]:
     )
 
 
+#: The dead-letter code of a message whose rows the database refused alone (a poisoned run, `Projector`).
+DATABASE_ERROR: Final = "database_error"
+
+
 def plan_batch(
     chunks: Sequence[PreparedChunk],
     stored: Mapping[str, StoredRun],
@@ -1072,8 +1076,12 @@ def plan_batch(
     next_offsets: Mapping[tuple[str, int], int],
     taken_event_ids: frozenset[str] = frozenset(),
     decision_trust: DecisionTrust | None = None,
+    poisoned: Mapping[tuple[str, int, int], str] | None = None,
 ) -> Plan:
     """What a batch changes, given what the database holds (`stored`, `next_offsets`, `taken_event_ids`).
+
+    `poisoned` names messages (topic, partition, offset) whose rows the database refused when written alone,
+    with its error: each is dead-lettered (`database_error`) instead of projected.
 
     `chunks` hold the batch in log order per partition. `taken_event_ids` (lower-case) are ids the archive
     already holds that no stored run accounts for; the writer passes them after an insert found a
@@ -1082,7 +1090,7 @@ def plan_batch(
     signed decision (see `_judge_tail`); its chunks must then be checked with it
     (`projections.signatures.check_decisions`).
     """
-    planner = _BatchPlanner(stored, next_offsets, taken_event_ids, decision_trust)
+    planner = _BatchPlanner(stored, next_offsets, taken_event_ids, decision_trust, poisoned or {})
     for chunk in chunks:
         planner.take_chunk(chunk)
     return planner.plan(chunks, projection)
@@ -1098,7 +1106,9 @@ class _BatchPlanner:
         next_offsets: Mapping[tuple[str, int], int],
         taken_event_ids: frozenset[str],
         decision_trust: DecisionTrust | None,
+        poisoned: Mapping[tuple[str, int, int], str],
     ) -> None:
+        self.poisoned = poisoned
         self.stored, self.next_offsets = stored, next_offsets
         self.taken_event_ids, self.decision_trust = taken_event_ids, decision_trust
         self.takes: dict[str, list[int]] = {spec.name: [] for spec in CANDIDATE_TABLES}
@@ -1139,6 +1149,10 @@ class _BatchPlanner:
             counts["messages"] += 1
             if isinstance(item, Rejected):
                 self.dead(item)
+                continue
+            refused = self.poisoned.get((m.topic, m.partition, m.offset)) if self.poisoned else None
+            if refused is not None:
+                self.dead(Rejected(m, DATABASE_ERROR, f"the database refused its rows: {refused}", item.run_id))
                 continue
             state = self.states.get(item.run_id) or self.stored.get(item.run_id)
             if isinstance(item, PreparedRun):
