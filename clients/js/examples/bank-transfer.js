@@ -6,8 +6,11 @@
 //
 //   node examples/bank-transfer.js --brokers HOST:PORT --topic TOPIC --user u_js --key decision.pem
 //   node examples/bank-transfer.js ... --tampered     also one run whose value is changed after hashing
+//   node examples/bank-transfer.js --dry-run --key decision.pem [--tampered]
 //
-// Prints one JSON line per message: {kind, run_id, action_key, partition, offset, decision_id?}.
+// Prints one JSON line per message: {kind, run_id, action_key, partition, offset, decision_id?}; with
+// --dry-run nothing is published and every event is printed instead, one JSON line each (the input of
+// `preflight-audit contract check -`).
 import { readFileSync } from 'node:fs';
 import { parseArgs } from 'node:util';
 import { DecisionSigner, EventPublisher, buildOutcome, buildRun } from '../src/index.js';
@@ -100,6 +103,21 @@ export function decided(user, at) {
   return { ask, execute, hold, evidence };
 }
 
+/** A stand-in for kafkajs that prints each message's events, one JSON line each, instead of sending. */
+function printingKafka() {
+  let offset = 0;
+  return {
+    producer: () => ({
+      connect: async () => {},
+      disconnect: async () => {},
+      send: async ({ messages }) => {
+        for (const event of JSON.parse(messages[0].value)) process.stdout.write(`${JSON.stringify(event)}\n`);
+        return [{ partition: 0, baseOffset: String(offset++) }];
+      },
+    }),
+  };
+}
+
 async function main() {
   const { values } = parseArgs({
     options: {
@@ -109,18 +127,24 @@ async function main() {
       agent: { type: 'string', default: 'agent-js' },
       key: { type: 'string' },
       tampered: { type: 'boolean', default: false },
+      'dry-run': { type: 'boolean', default: false },
     },
   });
-  if (!values.brokers || !values.topic || !values.key) {
-    process.stderr.write('usage: bank-transfer.js --brokers HOST:PORT --topic TOPIC --key PKCS8.pem [--user U] [--tampered]\n');
+  if (!values.key || (!values['dry-run'] && (!values.brokers || !values.topic))) {
+    process.stderr.write(
+      'usage: bank-transfer.js (--brokers HOST:PORT --topic TOPIC | --dry-run) --key PKCS8.pem [--user U] [--tampered]\n',
+    );
     process.exit(2);
   }
   const signer = DecisionSigner.fromPem(readFileSync(values.key));
-  const publisher = new EventPublisher({ brokers: values.brokers.split(','), topic: values.topic });
+  const publisher = values['dry-run']
+    ? new EventPublisher({ kafka: printingKafka(), topic: 'dry-run' })
+    : new EventPublisher({ brokers: values.brokers.split(','), topic: values.topic });
   const at = new Date().toISOString();
   const { ask, execute, hold, evidence } = decided(values.user, at);
   const common = { userId: values.user, agentId: values.agent, tool: TOOL, instruction: INSTRUCTION, evidence, userChecklist: CHECKLIST };
   const print = (kind, run, position) =>
+    values['dry-run'] ||
     process.stdout.write(
       `${JSON.stringify({ kind, run_id: run.runId, action_key: run.events[0].action_key, ...position, decision_id: run.decision?.decision_id ?? null })}\n`,
     );
