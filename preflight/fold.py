@@ -81,8 +81,10 @@ def initial_state(action_key: str) -> dict[str, Any]:
     }
 
 
-def _anomaly(state: dict[str, Any], reason: str) -> Folded:
-    return Folded(state, "anomaly", reason)
+def _anomaly(state: dict[str, Any], reason: str, code: str | None = None) -> Folded:
+    """An anomaly, with the projector's dead-letter code for the same defect where the fold knows it (else
+    `streams.batch.dead_letter_code` reads one from the reason)."""
+    return Folded(state, "anomaly", reason, code=code)
 
 
 def _refused(state: dict[str, Any], problem: Problem) -> Folded:
@@ -113,6 +115,15 @@ def check_shape(event: Any) -> str | None:
     if action_key is not None and type(action_key) is not str:
         return f"{event_type}: mistyped action_key"
     return None
+
+
+def _shape_code(problem: str) -> str:
+    """The projector's code for a `check_shape` problem."""
+    if problem.startswith("unknown event_type"):
+        return "unknown_event_type"
+    if problem.startswith("unsupported schema_version"):
+        return "unsupported_schema_version"
+    return "malformed_event"
 
 
 def _working_copy(state: Mapping[str, Any]) -> dict[str, Any]:
@@ -152,31 +163,35 @@ def evolve(
         return Folded(dict(state), "duplicate", "offset already applied")
     base = _working_copy(state) if state is not None else initial_state(key)
     if not isinstance(message, Sequence) or isinstance(message, (str, bytes)) or not message:
-        return _anomaly(base, "message is not a non-empty list of events")
+        return _anomaly(base, "message is not a non-empty list of events", "not_an_event_array")
     for index, event in enumerate(message):
         problem = check_shape(event)
         if problem is not None:
-            return _anomaly(base, f"event {index}: {problem}")
+            return _anomaly(base, f"event {index}: {problem}", _shape_code(problem))
     run_ids = {e["run_id"] for e in message}
     if len(run_ids) != 1:
-        return _anomaly(base, "message mixes events of several runs")
+        return _anomaly(base, "message mixes events of several runs", "mixed_runs")
     expected_key = None if key == UNKEYED_RECORD_KEY else key
     if any(e.get("action_key") != expected_key for e in message):
-        return _anomaly(base, f"event action_key does not match the message key {key!r}")
+        return _anomaly(base, f"event action_key does not match the message key {key!r}", "key_mismatch")
     run_id = next(iter(run_ids))
 
     texts = getattr(message, "texts", None) or [None] * len(message)
     for event, text in zip(message, texts, strict=True):
         if not hash_matches(event, text):
-            return _anomaly(base, f"broken hash chain: seq {event['seq']} hash does not match its content")
+            return _anomaly(
+                base, f"broken hash chain: seq {event['seq']} hash does not match its content", "broken_chain"
+            )
     for index, event in enumerate(message):
         # The whole model, strictly, as the projector reads it: an intact chain does not make a run well formed.
         if not _UUID.fullmatch(event["event_id"]):
-            return _anomaly(base, f"event {index}: event_id {event['event_id']!r:.80} is not a UUID")
+            return _anomaly(
+                base, f"event {index}: event_id {event['event_id']!r:.80} is not a UUID", "event_id_not_uuid"
+            )
         try:
             decode_event(event, hashed=True)
         except EventDecodeError as exc:
-            return _anomaly(base, f"event {index}: {exc}")
+            return _anomaly(base, f"event {index}: {exc}", "malformed_event")
 
     if message[0]["event_type"] in TAIL_EVENT_TYPES:
         folded = _apply_tail(base, run_id, message, verifier)
@@ -195,7 +210,9 @@ def _apply_run(state: dict[str, Any], run_id: str, events: Sequence[Mapping[str,
     problem = message_problem(events)  # the run-chain rule (`preflight.chain`)
     if problem is not None:
         return _anomaly(
-            state, f"{'broken hash chain' if problem[0] == 'broken_chain' else 'incomplete run'}: {problem[1]}"
+            state,
+            f"{'broken hash chain' if problem[0] == 'broken_chain' else 'incomplete run'}: {problem[1]}",
+            problem[0],
         )
     refused = run_problem(events)  # the contract's verdict, the projector's too (`preflight.verdict`)
     if refused is not None:
@@ -208,14 +225,14 @@ def _apply_run(state: dict[str, Any], run_id: str, events: Sequence[Mapping[str,
         if known.get("close_hash") == closing["hash"]:
             state["counts"]["duplicates"] += 1
             return Folded(state, "duplicate", "run already applied (same hashes)")
-        return _anomaly(state, f"run {run_id} seen before with different content")
+        return _anomaly(state, f"run {run_id} seen before with different content", "run_id_conflict")
     reused = _reused_event_id(state, events)
     if reused is not None:
-        return _anomaly(state, reused)
+        return _anomaly(state, reused, "event_id_reused")
 
     decision = closing.get("decision")
     if decision not in DECISIONS:
-        return _anomaly(state, f"run_closed decision {decision!r} is not a decision")
+        return _anomaly(state, f"run_closed decision {decision!r} is not a decision", "incomplete_run")
     state["counts"]["runs"] += 1
     state["counts"][decision] += 1
     entry = {"decision": decision, "close_hash": closing["hash"], "last_seq": closing["seq"], "last_hash": prev}
@@ -278,7 +295,7 @@ def _apply_tail(
     state: dict[str, Any], run_id: str, events: Sequence[Mapping[str, Any]], verifier: DecisionVerifier | None = None
 ) -> Folded:
     if len(events) != 1:
-        return _anomaly(state, "a tail message carries exactly one executed/execution_failed event")
+        return _anomaly(state, "a tail message carries exactly one executed/execution_failed event", "incomplete_run")
     tail = events[0]
     refused = event_problem(tail, "event 0")  # the contract's verdict, the projector's too
     if refused is not None:
@@ -290,13 +307,19 @@ def _apply_tail(
             state["counts"]["duplicates"] += 1
             return Folded(state, "duplicate", "tail already applied (same hash)")
         if seen is not None and seen["decision"] != "execute":
-            return _anomaly(state, f"{tail['event_type']} for a run whose decision was {seen['decision']}")
+            return _anomaly(
+                state,
+                f"{tail['event_type']} for a run whose decision was {seen['decision']}",
+                "outcome_for_non_execute",
+            )
         if seen is not None:
-            return _anomaly(state, f"second outcome for run {run_id} (replayed decision)")
-        return _anomaly(state, f"{tail['event_type']} for a run without a recorded execute decision")
+            return _anomaly(state, f"second outcome for run {run_id} (replayed decision)", "second_outcome")
+        return _anomaly(
+            state, f"{tail['event_type']} for a run without a recorded execute decision", "outcome_without_run"
+        )
     linked = message_problem(events, after=(waiting["last_seq"], waiting["last_hash"]))
     if linked is not None:
-        return _anomaly(state, f"broken hash chain: {linked[1]}")
+        return _anomaly(state, f"broken hash chain: {linked[1]}", "broken_chain")
     problem = _decision_problem(waiting["events"], tail, verifier) or _reused_event_id(state, events)
     if problem is not None:
         return _anomaly(state, problem)
@@ -309,11 +332,11 @@ def _apply_tail(
             events_in = [decode_event(e, hashed=True) for e in [*waiting["events"], tail]]
             record = rebuild_record(events_in, verify=False)
         except (EventDecodeError, ChainError, ValueError) as exc:  # ValueError: pydantic's ValidationError
-            return _anomaly(state, f"executed run cannot be rebuilt: {exc}")
+            return _anomaly(state, f"executed run cannot be rebuilt: {exc}", "unrebuildable_run")
         if record.execution_decision != "executed":
-            return _anomaly(state, "executed run did not rebuild to an executed record")
+            return _anomaly(state, "executed run did not rebuild to an executed record", "unrebuildable_run")
         if record.fields is None:  # the verdict refuses such a run before; never an empty baseline
-            return _anomaly(state, "executed run cannot be rebuilt: its record has no fields")
+            return _anomaly(state, "executed run cannot be rebuilt: its record has no fields", "unrebuildable_run")
         state["baseline"] = {
             "run_id": run_id,
             "decision_id": tail.get("decision_id"),

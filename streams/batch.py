@@ -145,24 +145,26 @@ class Progress:
 _PROGRESS_COUNTS = {"offset": -1, "messages": 0, "applied": 0, "dead_letters": 0, "missing": 0}
 
 #: A dead letter's reason, as `fold_partition` and `preflight.fold.evolve` word it, mapped to a short code
-#: (the first pattern found in the reason wins): the label of the dead-letter counters, a bounded set.
+#: (the first pattern found in the reason wins): the label of the dead-letter counters, a bounded set. The
+#: codes are the projector's for the same defect (`projections.decode`, `projections.rows`); where the fold
+#: names the code itself (`preflight.fold.Folded.code`), that one is taken.
 DEAD_LETTER_CODES: tuple[tuple[str, str], ...] = (
     ("no longer in the log", "missing_offsets"),
     ("internal error while folding", "internal_error"),
     ("message has no key", "no_key"),
-    ("message key is not UTF-8", "key_not_utf8"),
+    ("message key is not UTF-8", "undecodable"),
     ("tombstone", "tombstone"),
     ("undecodable", "undecodable"),
     ("unknown event_type", "unknown_event_type"),
-    ("unsupported schema_version", "unsupported_version"),
+    ("unsupported schema_version", "unsupported_schema_version"),
     ("broken hash chain", "broken_chain"),
-    (" seq: expected ", "seq_out_of_order"),
+    (" seq: expected ", "broken_chain"),
     ("does not match the message key", "key_mismatch"),
     ("mixes events of several runs", "mixed_runs"),
-    ("seen before with different content", "conflicting_run"),
-    ("reused by run", "reused_event_id"),
-    ("for a run whose decision was", "outcome_without_execute"),
-    ("without a recorded execute decision", "outcome_without_execute"),
+    ("seen before with different content", "run_id_conflict"),
+    ("reused by run", "event_id_reused"),
+    ("for a run whose decision was", "outcome_for_non_execute"),
+    ("without a recorded execute decision", "outcome_without_run"),
     ("second outcome", "second_outcome"),
     # An outcome's decision, by the projector's codes (`projections.signatures`): unsigned is not badly signed.
     ("which carries no signature", "unsigned_decision"),
@@ -177,13 +179,12 @@ DEAD_LETTER_CODES: tuple[tuple[str, str], ...] = (
     ("execution_approved events", "outcome_mismatch"),
     ("cannot be rebuilt", "unrebuildable_run"),
     ("did not rebuild", "unrebuildable_run"),
-    ("run_closed", "malformed_run"),
-    ("run_started", "malformed_run"),
-    ("a tail message carries", "malformed_run"),
-    ("empty array", "malformed_message"),
-    ("not a non-empty list", "malformed_message"),
-    ("is a JSON", "malformed_message"),
-    ("is not a UUID", "malformed_event"),
+    ("incomplete run", "incomplete_run"),
+    ("a tail message carries", "incomplete_run"),
+    ("empty array", "not_an_event_array"),
+    ("not a non-empty list", "not_an_event_array"),
+    ("is a JSON", "not_an_event_array"),
+    ("is not a UUID", "event_id_not_uuid"),
     ("malformed", "malformed_event"),
     ("mistyped", "malformed_event"),
 )
