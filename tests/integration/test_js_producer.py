@@ -27,6 +27,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -63,6 +64,7 @@ SKELETON_AGENT = PACKAGE / "examples" / "skeleton-agent.js"
 SKELETON = ROOT / "bench" / ".cache" / "execution-state-preflight.js"
 JS_USER, PY_USER, SK_USER = "u_js", "u_py", "u_sk"
 JS_KEY, PY_KEY, SK_KEY = f"{JS_USER}:bank.transfer", f"{PY_USER}:bank.transfer", f"{SK_USER}:bank.transfer"
+CLI = str(Path(sys.executable).with_name("preflight-audit"))
 #: Bound on a node subprocess.
 NODE_TIMEOUT_S = 60.0
 
@@ -383,6 +385,43 @@ def test_the_reference_skeleton_is_audited_through_the_storage_port(world: World
     first = next(r for r in rows if not r["inherited"])
     assert inherited["first_supplied_in_run_id"] == first["run_id"]
     assert world.baselines[SK_KEY]["status"] == "ok"
+
+
+# ---- the contract's offline check, on the package's own events -------------------------------------------
+
+
+def test_contract_check_accepts_the_package_runs_and_names_the_altered_one(tmp_path: Path) -> None:
+    """`preflight-audit contract check` (offline, no broker) on the example's events (--dry-run): every run
+    and the outcome accepted, the signature checked against the key, the altered run a broken chain."""
+    node = _node()
+    private, public = _decision_key(tmp_path)
+    done = subprocess.run(
+        [node, str(EXAMPLE), "--dry-run", "--tampered", "--key", str(private)],
+        capture_output=True,
+        text=True,
+        timeout=NODE_TIMEOUT_S,
+        cwd=PACKAGE,
+        check=True,
+    )
+    checked = subprocess.run(
+        [CLI, "contract", "check", "-", "--decision-public-key", str(public), "--format", "json"],
+        input=done.stdout,
+        capture_output=True,
+        text=True,
+        timeout=NODE_TIMEOUT_S,
+        cwd=ROOT,
+        check=False,
+    )
+    assert checked.returncode == 1, checked.stderr  # 1: something would be dead-lettered
+    verdicts = [json.loads(line) for line in checked.stdout.splitlines() if line.startswith("{")]
+    assert [(v["kind"], v["verdict"]) for v in verdicts] == [
+        ("run", "accepted"),
+        ("run", "accepted"),
+        ("outcome", "accepted"),
+        ("run", "accepted"),
+        ("run", "dead_letter"),
+    ], verdicts
+    assert verdicts[-1]["worker"]["code"] == verdicts[-1]["projector"]["code"] == "broken_chain"
 
 
 # ---- the canonical form, both languages ------------------------------------------------------------------
