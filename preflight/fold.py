@@ -164,10 +164,31 @@ def evolve(
     base = _working_copy(state) if state is not None else initial_state(key)
     if not isinstance(message, Sequence) or isinstance(message, (str, bytes)) or not message:
         return _anomaly(base, "message is not a non-empty list of events", "not_an_event_array")
-    for index, event in enumerate(message):
+    # Event by event, each wholly (shape, model, id, hash) before the next, in the projector's order
+    # (`projections.decode`), so that both name the same first defect.
+    texts = getattr(message, "texts", None) or [None] * len(message)
+    for index, (event, text) in enumerate(zip(message, texts, strict=True)):
         problem = check_shape(event)
         if problem is not None:
             return _anomaly(base, f"event {index}: {problem}", _shape_code(problem))
+        try:
+            # The whole model, strictly, as the projector reads it: an intact chain does not make a run well
+            # formed. (`hashed`: the hash is checked next; without it nothing of this event is used.)
+            decode_event(event, hashed=True)
+        except EventDecodeError as exc:
+            return _anomaly(base, f"event {index}: {exc}", "malformed_event")
+        if not _UUID.fullmatch(event["event_id"]):
+            return _anomaly(
+                base, f"event {index}: event_id {event['event_id']!r:.80} is not a UUID", "event_id_not_uuid"
+            )
+        if not hash_matches(event, text):
+            try:  # a value with no canonical form (a lone surrogate) is malformed, as the projector finds
+                decode_event(event)
+            except EventDecodeError as exc:
+                return _anomaly(base, f"event {index}: {exc}", "malformed_event")
+            return _anomaly(
+                base, f"broken hash chain: seq {event['seq']} hash does not match its content", "broken_chain"
+            )
     run_ids = {e["run_id"] for e in message}
     if len(run_ids) != 1:
         return _anomaly(base, "message mixes events of several runs", "mixed_runs")
@@ -175,23 +196,6 @@ def evolve(
     if any(e.get("action_key") != expected_key for e in message):
         return _anomaly(base, f"event action_key does not match the message key {key!r}", "key_mismatch")
     run_id = next(iter(run_ids))
-
-    texts = getattr(message, "texts", None) or [None] * len(message)
-    for event, text in zip(message, texts, strict=True):
-        if not hash_matches(event, text):
-            return _anomaly(
-                base, f"broken hash chain: seq {event['seq']} hash does not match its content", "broken_chain"
-            )
-    for index, event in enumerate(message):
-        # The whole model, strictly, as the projector reads it: an intact chain does not make a run well formed.
-        if not _UUID.fullmatch(event["event_id"]):
-            return _anomaly(
-                base, f"event {index}: event_id {event['event_id']!r:.80} is not a UUID", "event_id_not_uuid"
-            )
-        try:
-            decode_event(event, hashed=True)
-        except EventDecodeError as exc:
-            return _anomaly(base, f"event {index}: {exc}", "malformed_event")
 
     if message[0]["event_type"] in TAIL_EVENT_TYPES:
         folded = _apply_tail(base, run_id, message, verifier)

@@ -33,7 +33,7 @@ from projections.signatures import DecisionTrust, prepare_checked
 from streams.batch import Incoming as WorkerIncoming
 from streams.batch import Progress, fold_partition
 
-__all__ = ["Message", "Verdict", "check", "messages"]
+__all__ = ["Message", "Verdict", "check", "check_messages", "messages"]
 
 _TOPIC = "contract-check"
 
@@ -42,10 +42,19 @@ _TOPIC = "contract-check"
 class Message:
     """What a producer would publish: the key, the value, and the input lines its events came from."""
 
-    key: str
-    value: bytes
+    key: bytes | None
+    value: bytes | None
     lines: tuple[int, ...]
     events: tuple[Any, ...]
+
+    @classmethod
+    def wire(cls, key: bytes | None, value: bytes | None) -> Message:
+        """A message as read from the topic (its events, when its value is a JSON array, for the report)."""
+        try:
+            events = json.loads(value) if value is not None else None
+        except ValueError:
+            events = None
+        return cls(key, value, (), tuple(events) if isinstance(events, list) else ())
 
     @property
     def run_id(self) -> str | None:
@@ -86,7 +95,7 @@ class Verdict:
 
         return {
             "run_id": self.message.run_id,
-            "key": self.message.key,
+            "key": self.message.key.decode("utf-8", "replace") if self.message.key is not None else None,
             "kind": self.message.kind,
             "lines": list(self.message.lines),
             "verdict": "accepted" if self.accepted else "dead_letter",
@@ -108,7 +117,7 @@ def messages(lines: Iterable[str]) -> list[Message]:
     def emit(parts: Sequence[tuple[int, str, Any]]) -> None:
         first = parts[0][2]
         action_key = first.get("action_key") if isinstance(first, dict) else None
-        key = action_key if isinstance(action_key, str) else UNKEYED_RECORD_KEY
+        key = (action_key if isinstance(action_key, str) else UNKEYED_RECORD_KEY).encode("utf-8", "surrogatepass")
         value = ("[" + ",".join(text for _, text, _ in parts) + "]").encode("utf-8", "surrogatepass")
         out.append(Message(key, value, tuple(n for n, _, _ in parts), tuple(e for _, _, e in parts)))
 
@@ -140,6 +149,13 @@ def check(
 ) -> list[Verdict]:
     """Each message's verdict, in input order (see the module doc). `trust` checks decisions' signatures as
     the projector does; `verifier` as the worker does (default: the trust's own)."""
+    return check_messages(messages(lines), trust=trust, verifier=verifier)
+
+
+def check_messages(
+    published: Sequence[Message], *, trust: DecisionTrust | None = None, verifier: DecisionVerifier | None = None
+) -> list[Verdict]:
+    """`check` of messages as published, in log order (`Message.wire` for a topic's records)."""
     if verifier is None and trust is not None:
         verifier = trust.verifier()
     validator = _Validators()
@@ -148,8 +164,8 @@ def check(
     stored: dict[str, StoredRun] = {}
     taken: set[str] = set()
     verdicts: list[Verdict] = []
-    for offset, message in enumerate(messages(lines)):
-        key = message.key.encode()
+    for offset, message in enumerate(published):
+        key = message.key
         folded = fold_partition(
             _TOPIC, 0, [WorkerIncoming(0, offset, key, message.value)], progress, states.get, verifier=verifier
         )
@@ -201,7 +217,7 @@ class _Validators:
 def _problems(message: Message, validator: _Validators) -> list[str]:
     """Every violation of the contract by each event, and every fault of the message's chain."""
     problems: list[str] = []
-    for line, event in zip(message.lines, message.events, strict=True):
+    for line, event in zip(message.lines or range(1, len(message.events) + 1), message.events, strict=True):
         if event is None:
             problems.append(f"line {line}: not JSON")
             continue
@@ -210,9 +226,10 @@ def _problems(message: Message, validator: _Validators) -> list[str]:
             problems.append(f"line {line}: schema: {where}: {_short(error.message)}")
         if isinstance(event, dict) and not hash_matches(event):
             problems.append(f"line {line}: chain: hash does not match the event's content")
-    if message.kind == "run" and all(isinstance(e, dict) for e in message.events):
+    numbers = message.lines or tuple(range(1, len(message.events) + 1))
+    if message.events and message.kind == "run" and all(isinstance(e, dict) for e in message.events):
         cursor = RunCursor()
-        for line, event in zip(message.lines, message.events, strict=True):
+        for line, event in zip(numbers, message.events, strict=True):
             for fault in cursor.step(
                 event.get("seq"),
                 event.get("event_type"),
@@ -223,7 +240,7 @@ def _problems(message: Message, validator: _Validators) -> list[str]:
             ):
                 problems.append(f"line {line}: chain: {fault.kind}: {fault.detail}")
         if not cursor.closed:
-            problems.append(f"line {message.lines[-1]}: chain: unclosed_run: the run has no run_closed")
+            problems.append(f"line {numbers[-1]}: chain: unclosed_run: the run has no run_closed")
     return problems
 
 
