@@ -103,7 +103,9 @@ export function blockedGate(record, blocked = {}) {
  * @param {import('./signing.js').DecisionSigner} [spec.signer] signs an `execute` decision
  * @param {() => Date} [spec.clock]
  * @param {() => string} [spec.newId]
- * @returns {{runId: string, events: Array<Record<string, any>>, decision: Record<string, any>|null}}
+ * @returns {{runId: string, events: Array<import('./contract.generated.js').PreflightEvent>,
+ *   decision: Record<string, any>|null}} `decision`: the approved decision of an `execute` run (its signed
+ *   members, `arguments`, `signature`), else null
  */
 export function buildRun(spec) {
   const { record } = spec;
@@ -193,6 +195,7 @@ export function buildRun(spec) {
  * @param {{runId: string, events: Array<Record<string, any>>, decision: Record<string, any>}} run from `buildRun`
  * @param {{status: 'executed'|'failed', result?: any, error?: Error|string, reason?: string,
  *   clock?: () => Date, newId?: () => string}} outcome
+ * @returns {Array<import('./contract.generated.js').Executed|import('./contract.generated.js').ExecutionFailed>}
  */
 export function buildOutcome(run, outcome) {
   if (!run?.decision) throw new RunShapeError('only an approved (execute) run has an outcome');
