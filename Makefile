@@ -122,6 +122,7 @@ soak: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/engine.py
 	$(BIN)/python bench/fold.py
+	$(BIN)/python bench/verdict.py
 	$(BIN)/python bench/scale_out.py
 	$(BIN)/python bench/worker_start.py
 	$(BIN)/python bench/projector.py

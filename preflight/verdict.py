@@ -22,6 +22,7 @@ whoever holds the trusted keys (`preflight.signing`). Both sit beside this verdi
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
@@ -87,7 +88,7 @@ def time_problem(value: Any) -> str | None:
     if type(value) is not str or _DATE_TIME.fullmatch(value) is None:
         return f"{value!r:.60} is not an RFC 3339 date-time"
     try:
-        datetime.fromisoformat(value.replace("z", "Z").replace("t", "T"))
+        datetime.fromisoformat(value if value.isupper() or value.isdigit() else value.upper())
     except ValueError:
         return f"{value!r:.60} names no instant"
     return None
@@ -234,22 +235,167 @@ def _alternatives(options: Sequence[Check], exactly_one: bool, value: Any, path:
     return next(p for p in problems if p is not None)
 
 
-def _member_checks() -> dict[str, tuple[tuple[str, Check, str], ...]]:
-    """Per event type, each narrowed member's check and its dead-letter code, from the contract's schema."""
+Valid = Callable[[Any], bool]
+_PY_TYPES: Final[dict[str, tuple[type, ...]]] = {
+    "string": (str,),
+    "integer": (int,),
+    "number": (int, float),
+    "boolean": (bool,),
+    "null": (type(None),),
+    "object": (dict,),
+    "array": (list,),
+}
+
+
+def _anything(value: Any) -> bool:
+    return True
+
+
+def _valid(schema: Mapping[str, Any], defs: Mapping[str, Any], cache: dict[str, Valid]) -> Valid:
+    """The same schema as `_compile`, as a yes/no test that builds no message: what runs on every event (the
+    message is asked of `_compile`'s check only when this says no)."""
+    keywords = set(schema) - _ANNOTATIONS
+    if schema.get("type") == "string" and keywords <= {"type", "pattern", "format", "minLength"}:
+        return _string_test(schema)
+    tests: list[Valid] = []
+    if "$ref" in schema:
+        name = schema["$ref"].rsplit("/", 1)[-1]
+        if name not in cache:
+            cache[name] = lambda v, name=name: cache[name](v)  # type: ignore[misc]  # recursion resolves late
+            cache[name] = _valid(defs[name], defs, cache)
+        tests.append(lambda v, name=name: cache[name](v))  # type: ignore[misc]
+    if "type" in schema:
+        names = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
+        kinds = frozenset(k for n in names for k in _PY_TYPES[n])
+        tests.append(lambda v: type(v) in kinds)
+    if "const" in schema:
+        const = schema["const"]
+        tests.append(lambda v: type(v) is type(const) and v == const)
+    if "enum" in schema:
+        values = frozenset(schema["enum"])
+        types_ = frozenset(type(a) for a in schema["enum"])
+        tests.append(lambda v: type(v) in types_ and v in values)
+    if "pattern" in schema:
+        search = re.compile(re.sub(r"(?<!\\)\$$", r"\\Z", schema["pattern"])).search
+        tests.append(lambda v: type(v) is not str or search(v) is not None)
+    if schema.get("format") == "date-time":
+        tests.append(lambda v: type(v) is not str or time_problem(v) is None)
+    if "minLength" in schema:
+        least = schema["minLength"]
+        tests.append(lambda v: type(v) is not str or len(v) >= least)
+    if "minimum" in schema or "maximum" in schema:
+        low = schema.get("minimum", -math.inf)
+        high = schema.get("maximum", math.inf)
+        tests.append(lambda v: type(v) is not int or low <= v <= high)
+    object_only = schema.get("type") == "object" and keywords <= {
+        "type",
+        "required",
+        "properties",
+        "additionalProperties",
+    }
+    if "required" in schema:
+        required = tuple(schema["required"])
+        if not object_only:
+            tests.append(lambda v: type(v) is not dict or all(r in v for r in required))
+    if "properties" in schema or "additionalProperties" in schema:
+        members = {k: _valid(s, defs, cache) for k, s in schema.get("properties", {}).items()}
+        extra = schema.get("additionalProperties", True)
+        closed = extra is False
+        extra_test = _valid(extra, defs, cache) if isinstance(extra, Mapping) else _anything
+
+        def properties(v: Any) -> bool:
+            if type(v) is not dict:
+                return True
+            for key, item in v.items():
+                test = members.get(key)
+                if test is None:
+                    if closed:
+                        return False
+                    test = extra_test
+                if not test(item):
+                    return False
+            return True
+
+        if object_only:  # one call: an object, its required members, each member's test
+            needed = tuple(schema.get("required", ()))
+
+            def whole(v: Any) -> bool:
+                if type(v) is not dict:
+                    return False
+                for name in needed:
+                    if name not in v:
+                        return False
+                return properties(v)
+
+            return whole
+        tests.append(properties)
+    if "items" in schema:
+        item_test = _valid(schema["items"], defs, cache)
+        tests.append(lambda v: type(v) is not list or all(item_test(x) for x in v))
+    if "anyOf" in schema:
+        options = [_valid(s, defs, cache) for s in schema["anyOf"]]
+        if len(options) == 2:  # a nullable member, mostly
+            first, second = options
+            tests.append(lambda v: first(v) or second(v))
+        else:
+            tests.append(lambda v: any(o(v) for o in options))
+    if "oneOf" in schema:
+        alternatives = [_valid(s, defs, cache) for s in schema["oneOf"]]
+        tests.append(lambda v: sum(1 for o in alternatives if o(v)) == 1)
+    if not tests:
+        return _anything
+    if len(tests) == 1:
+        return tests[0]
+
+    def every(value: Any) -> bool:
+        return all(test(value) for test in tests)
+
+    return every
+
+
+_OBJECT_KEYWORDS: Final = frozenset({"type", "required", "properties", "additionalProperties"})
+
+
+def _string_test(schema: Mapping[str, Any]) -> Valid:
+    """One test for a string's schema (its pattern, format and length in one call)."""
+    least = schema.get("minLength", 0)
+    if schema.get("format") == "date-time":  # its own pattern included
+        return lambda v: type(v) is str and time_problem(v) is None
+    if "pattern" in schema:
+        search = re.compile(re.sub(r"(?<!\\)\$$", r"\\Z", schema["pattern"])).search
+        return lambda v: type(v) is str and len(v) >= least and search(v) is not None
+    return lambda v: type(v) is str and len(v) >= least
+
+
+#: Members whose form every consumer has proven before the verdict: `event_id` is a UUID (checked with the
+#: model), `hash` matches its content (a lower-case hex digest) and `prev_hash` links to one (the chain).
+_CHAINED: Final = frozenset({"event_id", "hash", "prev_hash"})
+
+
+def _member_checks() -> dict[str, tuple[tuple[str, Valid, Check, str], ...]]:
+    """Per event type, each narrowed member's test, its check (which words the defect) and its dead-letter
+    code, from the contract's schema."""
     schema = event_schema()
     defs = schema["$defs"]
     cache: dict[str, Check] = {}
-    by_type: dict[str, tuple[tuple[str, Check, str], ...]] = {}
+    tests: dict[str, Valid] = {}
+    by_type: dict[str, tuple[tuple[str, Valid, Check, str], ...]] = {}
     for definition in defs.values():
         properties = definition.get("properties", {})
         if "event_type" not in properties:
             continue
         event_type = properties["event_type"]["const"]
-        names = [*CONTRACT_MEMBERS["*"], *CONTRACT_MEMBERS.get(event_type, {})]
+        names = [n for n in (*CONTRACT_MEMBERS["*"], *CONTRACT_MEMBERS.get(event_type, {})) if n not in _CHAINED]
         if event_type == "execution_approved":
             names.append("signature")
         by_type[event_type] = tuple(
-            (name, _compile(properties[name], defs, cache), _code_of(name, properties[name])) for name in names
+            (
+                name,
+                _valid(properties[name], defs, tests),
+                _compile(properties[name], defs, cache),
+                _code_of(name, properties[name]),
+            )
+            for name in names
         )
     return by_type
 
@@ -275,10 +421,10 @@ def event_problem(event: Mapping[str, Any], where: str = "") -> Problem | None:
     (e.g. ``event 3``)."""
     event_type = event.get("event_type")
     checks = _CHECKS.get(event_type, ()) if type(event_type) is str else ()
-    for name, check, code in checks:
-        if name not in event:
-            continue  # an optional member left out (the model requires the others)
-        problem = check(event[name], name)
+    for name, valid, check, code in checks:
+        if name not in event or valid(event[name]):
+            continue  # valid, or an optional member left out (the model requires the others)
+        problem = check(event[name], name) or f"{name}: not of the contract's form"
         if problem is not None:
             prefix = f"{where} " if where else ""
             return Problem(code, f"{prefix}(seq {event.get('seq')}, {event_type}): {problem}")

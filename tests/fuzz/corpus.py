@@ -142,31 +142,53 @@ _OTHERS: tuple[Any, ...] = (None, 7, "x", True, [], {})
 
 
 def _empty(value: Any) -> Any:
-    return {str: "", list: [], dict: {}, int: 0, bool: False}.get(type(value), None)
+    return {str: "", list: [], dict: {}, int: 0, bool: False}.get(type(value))
 
 
-def _changes(event: dict[str, Any]) -> Iterator[tuple[str, Callable[[dict[str, Any]], None]]]:
+Change = Callable[[dict[str, Any]], None]
+
+
+def _setter(name: str, value: Any) -> Change:
+    def change(event: dict[str, Any]) -> None:
+        event[name] = value
+
+    return change
+
+
+def _dropper(name: str) -> Change:
+    def change(event: dict[str, Any]) -> None:
+        del event[name]
+
+    return change
+
+
+def _inner_setter(name: str, inner: str, value: Any) -> Change:
+    def change(event: dict[str, Any]) -> None:
+        event[name][inner] = value
+
+    return change
+
+
+def _inner_dropper(name: str, inner: str) -> Change:
+    def change(event: dict[str, Any]) -> None:
+        del event[name][inner]
+
+    return change
+
+
+def _changes(event: dict[str, Any]) -> Iterator[tuple[str, Change]]:
     """Each member dropped, retyped, emptied; one level into its objects too."""
     for name, value in event.items():
         if name in ("event_type", "hash", "prev_hash"):
             continue
-
-        def drop(e: dict[str, Any], name: str = name) -> None:
-            del e[name]
-
-        yield f"{name}:dropped", drop
-        other = next(o for o in _OTHERS if type(o) is not type(value))
-        yield f"{name}:retyped", lambda e, name=name, other=other: e.__setitem__(name, other)
-        yield f"{name}:emptied", lambda e, name=name, v=value: e.__setitem__(name, _empty(v))
+        yield f"{name}:dropped", _dropper(name)
+        yield f"{name}:retyped", _setter(name, next(o for o in _OTHERS if type(o) is not type(value)))
+        yield f"{name}:emptied", _setter(name, _empty(value))
         if isinstance(value, dict):
             for inner, inner_value in value.items():
-
-                def drop_inner(e: dict[str, Any], name: str = name, inner: str = inner) -> None:
-                    del e[name][inner]
-
                 retyped = next(o for o in _OTHERS if type(o) is not type(inner_value))
-                yield f"{name}.{inner}:dropped", drop_inner
-                yield f"{name}.{inner}:retyped", lambda e, n=name, i=inner, o=retyped: e[n].__setitem__(i, o)
+                yield f"{name}.{inner}:dropped", _inner_dropper(name, inner)
+                yield f"{name}.{inner}:retyped", _inner_setter(name, inner, retyped)
 
 
 def mutations(runs: dict[str, list[Raw]], fresh: Fresh) -> Iterator[Sent]:

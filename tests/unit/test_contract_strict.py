@@ -53,11 +53,20 @@ def _ajv(events: list[Any]) -> list[bool]:
     return [json.loads(line)["valid"] for line in done.stdout.splitlines()]
 
 
+_UUID = re.compile(r"[0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{12}")
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+
+
 def _consumers_accept(event: Any) -> bool:
-    """The consumers' check of one event: its model (strictly), then the contract's verdict."""
+    """The consumers' check of one event: its model (strictly), its id, the form of its chain members (a hash
+    that matches, a link to one: here only their form, the event being unchained), then the verdict."""
     try:
         decode_event(event)
     except EventDecodeError:
+        return False
+    if not (
+        _UUID.fullmatch(event["event_id"]) and _HEX64.fullmatch(event["hash"]) and _HEX64.fullmatch(event["prev_hash"])
+    ):
         return False
     return event_problem(event) is None
 
