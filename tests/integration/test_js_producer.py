@@ -17,7 +17,15 @@ trust the one decision key both agents sign with. What must hold:
   canonical form and hash against ``preflight.chain``'s, and in the pipeline, where the JavaScript ask
   run carries both in its gate's diagnostics and both consumers verify its chain.
 
-Node is needed; without it the module is skipped, except where ``CI`` is set, where it fails.
+Also: ``preflight-audit contract check`` gives the package's events (the example's ``--dry-run``) the
+consumers' verdicts, offline; and, where ``make reference-skeleton`` has fetched it, the seed's reference
+skeleton runs in node with the package's storage port (``SkeletonStorage``): its runs are published and its
+tier 4 reads the worker's baseline. Two strict xfails record what the contract does not define yet (the
+members of ``field_resolved.evidence``), so that a producer in another language cannot match a Python run
+there.
+
+Node is needed; without it the module is skipped, except where ``CI`` is set, where it fails. The module
+takes about a minute here (one worker start, one projector, a few dozen events).
 """
 
 from __future__ import annotations
@@ -297,10 +305,29 @@ def _comparable(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     )
 
 
+#: Provenance columns read from `field_resolved.evidence` members that the contract does not name yet
+#: (CONTRACT.md types `evidence` only as "object"): a producer in another language cannot know to write them.
+UNDEFINED_BY_THE_CONTRACT = {"measured"}
+
+
 def test_provenance_agrees_value_by_value(world: World) -> None:
+    """Every provenance column the contract defines agrees between the languages, row by row."""
     js, py = world.provenance[JS_KEY], world.provenance[PY_KEY]
     assert len(js) == len(py) == 6  # three fields of the ask run, three of the executed one
-    assert _comparable(js) == _comparable(py)
+
+    def defined(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [{k: v for k, v in r.items() if k not in UNDEFINED_BY_THE_CONTRACT} for r in _comparable(rows)]
+
+    assert defined(js) == defined(py)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="contract gap: `field_resolved.evidence` has no documented members, so a JavaScript run cannot"
+    " write `measured` as a Python run does (NULL against false in provenance)",
+)
+def test_provenance_agrees_in_every_column(world: World) -> None:
+    assert _comparable(world.provenance[JS_KEY]) == _comparable(world.provenance[PY_KEY])
 
 
 #: What a run's row says about its decision (not its ids, times, agent's wording or position).
@@ -365,26 +392,42 @@ def test_the_ledger_verifies_the_archive(world: World) -> None:
 # ---- the reference skeleton, audited ---------------------------------------------------------------------
 
 
+def _skeleton(world: World) -> list[dict[str, Any]]:
+    if world.skeleton is None:
+        pytest.skip(f"the reference skeleton is not fetched ({SKELETON.relative_to(ROOT)}): `make reference-skeleton`")
+    return world.skeleton
+
+
 def test_the_reference_skeleton_is_audited_through_the_storage_port(world: World) -> None:
     """The skeleton's first run executes (recipient answered); its second, unanswered, reads the fold
     worker's baseline through `load` and inherits the recipient (tier 4), and provenance says so."""
-    if world.skeleton is None:
-        pytest.skip(f"the reference skeleton is not fetched ({SKELETON.relative_to(ROOT)}): `make reference-skeleton`")
-    assert world.skeleton == [
+    assert _skeleton(world) == [
         {"run": 0, "decision": "execute", "status": "executed",
          "to_account": {"value": "2200119", "source": "user_answer", "origin_source": "user_answer"}},
         {"run": 1, "decision": "execute", "status": "executed",
          "to_account": {"value": "2200119", "source": "prior_state", "origin_source": "user_answer"}},
     ]  # fmt: skip
     rows = [r for r in world.provenance[SK_KEY] if r["field"] == "to_account"]
-    assert sorted((r["source"], r["origin_source"], r["inherited"]) for r in rows) == [
-        ("prior_state", "user_answer", True),
-        ("user_answer", "user_answer", False),
+    assert sorted((r["source"], r["origin_source"], r["inherited"], r["outcome"]) for r in rows) == [
+        ("prior_state", "user_answer", True, "executed"),
+        ("user_answer", "user_answer", False, "executed"),
     ]
+    baseline = world.baselines[SK_KEY]
+    assert baseline["status"] == "ok"
+    assert baseline["run_id"] == next(r["run_id"] for r in rows if r["inherited"])
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="contract gap: no documented `field_resolved.evidence` member names the baseline run a tier-4"
+    " value was read from, so provenance cannot trace a value a JavaScript run inherited",
+)
+def test_an_inherited_value_is_traced_to_the_run_that_supplied_it(world: World) -> None:
+    _skeleton(world)
+    rows = [r for r in world.provenance[SK_KEY] if r["field"] == "to_account"]
     inherited = next(r for r in rows if r["inherited"])
     first = next(r for r in rows if not r["inherited"])
     assert inherited["first_supplied_in_run_id"] == first["run_id"]
-    assert world.baselines[SK_KEY]["status"] == "ok"
 
 
 # ---- the contract's offline check, on the package's own events -------------------------------------------
