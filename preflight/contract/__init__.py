@@ -82,11 +82,7 @@ CONTRACT_MEMBERS: dict[str, dict[str, dict[str, Any]]] = {
         "prev_hash": {"type": "string", "pattern": _HEX64},
         "occurred_at": _DATE_TIME,
     },
-    "run_started": {
-        "tool_digest": {"anyOf": [_DIGEST, _NULL]},
-        "intent_attempt": _COUNTER,
-        "tool_attempt": _COUNTER,
-    },
+    "run_started": {"tool_digest": {"anyOf": [_DIGEST, _NULL]}},
     "fixed_checklist_resolved": {"fixed": _ref("Fixed")},
     "field_resolved": {"field": _ref("FieldRecord")},
     "checklist_item_verified": {"index": _COUNTER},
