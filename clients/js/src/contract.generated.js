@@ -2458,8 +2458,6 @@ export const SCHEMA = {
           "title": "Instruction Segments"
         },
         "intent_attempt": {
-          "maximum": 2147483647,
-          "minimum": 0,
           "title": "Intent Attempt",
           "type": "integer"
         },
@@ -2508,8 +2506,6 @@ export const SCHEMA = {
           "type": "integer"
         },
         "tool_attempt": {
-          "maximum": 2147483647,
-          "minimum": 0,
           "title": "Tool Attempt",
           "type": "integer"
         },
