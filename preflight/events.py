@@ -140,7 +140,11 @@ class ToolMatchDecided(Envelope):
 
 
 class FieldResolved(Envelope):
-    """One required field: the record's entry plus the evidence of where the value was read."""
+    """One required field: the record's entry plus the evidence of where the value was read.
+
+    The evidence stays a plain object here (parsing and the event's bytes are untouched); the contract
+    describes and types its members (`preflight.contract.FIELD_EVIDENCE`, `FieldEvidence` in the schema).
+    """
 
     event_type: Literal["field_resolved"] = "field_resolved"
     field: dict[str, Any]

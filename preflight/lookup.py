@@ -19,7 +19,7 @@ from preflight.arguments import name_of, value_at
 from preflight.chain import plain_json
 from preflight.hooks import MISSING, Hook, LookupContext, call, read, takes
 from preflight.normalise import denotes, whole_token
-from preflight.records import ExecutionRecord, FieldRecord
+from preflight.records import BaselineStatus, ExecutionRecord, FieldRecord
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ class Evidence:
     #: Where the user was asked, for a tier-0 answer (written only when the run says so).
     answer_origin: str | None = None
     measured: bool = False
-    baseline: str | None = None
+    baseline: BaselineStatus | None = None
     baseline_run_id: str | None = None
     baseline_timestamp: str | None = None
     #: The model's proposed value for the field (MISSING: it proposed none), beside, never inside, the value.
@@ -84,7 +84,7 @@ class BaselineReader:
         self._load = load
         self._loaded = False
         self._record: ExecutionRecord | None = None
-        self.status = "given" if given_explicitly else "not_loaded"
+        self.status: BaselineStatus = "given" if given_explicitly else "not_loaded"
         self.error: str | None = None
 
     async def get(self) -> ExecutionRecord | None:

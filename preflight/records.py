@@ -39,6 +39,9 @@ Phase = Literal["at_instruction", "at_trigger"]
 Decision = Literal["execute", "ask_user", "hold", "deferred", "executed", "failed", "effect_unknown"]
 Source = Literal["user_answer", "instruction", "pre_set_data", "measured_data", "prior_state"]
 OriginSource = Literal["user_answer", "instruction", "pre_set_data", "measured_data"]
+#: How a run came by its tier-4 baseline: given by the caller, not loaded (no field reached tier 4), loaded,
+#: none stored for the key, or unavailable (the load failed: tier 4 stays empty).
+BaselineStatus = Literal["given", "not_loaded", "loaded", "none", "unavailable"]
 C2Source = Literal["instruction", "pre_set_data"]
 Proposal = Literal["matched", "diverged", "absent"]
 

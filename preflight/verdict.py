@@ -49,6 +49,7 @@ CODES: Final[dict[str, str]] = {
     "invalid_time": "a date-time member is not an RFC 3339 instant with its offset (occurred_at, timestamp)",
     "invalid_digest": "a digest is not sha256:<64 hex> (or hmac-sha256:<kid>:<64 hex> in a protected run)",
     "invalid_field": "a field_resolved's field lacks name, status or resolved_at, or holds a member of another type",
+    "invalid_evidence": "a field_resolved's evidence holds a member of another type than its FieldEvidence form",
     "invalid_record": "run_closed.record lacks one of its seven members or holds one of another type",
     "invalid_fixed": "a fixed_checklist_resolved's fixed checklist is not the C1/C2/C3 shape",
     "invalid_gate": "an execution_approved's gate is not the value gate's shape",
@@ -63,6 +64,7 @@ CODES: Final[dict[str, str]] = {
 #: The code of a defect in one of these members (else by the member's form: time, digest, counter).
 _MEMBER_CODES: Final = {
     "field": "invalid_field",
+    "evidence": "invalid_evidence",
     "record": "invalid_record",
     "fixed": "invalid_fixed",
     "gate": "invalid_gate",

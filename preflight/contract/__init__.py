@@ -7,7 +7,7 @@ decision's payload): ``python -m preflight.contract`` writes both, and a test fa
 
 The schema says everything a consumer requires of one event: every member a consumer reads is required,
 with its type, enum, `date-time` format and digest pattern, down to each field's `status` and the whole
-`run_closed.record`. Where it is stricter than the event models (`CONTRACT_MEMBERS`), the consumers' shared
+`run_closed.record`; the members of `field_resolved.evidence` are described (`FieldEvidence`) and typed. Where it is stricter than the event models (`CONTRACT_MEMBERS`), the consumers' shared
 verdict (`preflight.verdict`) applies exactly these member schemas, so an event is accepted by the fold and
 the projector alike only if it is valid here. It is draft 2020-12 with no vendor keyword (it compiles in
 ajv's strict mode as in Python's `jsonschema`).
@@ -23,7 +23,7 @@ import json
 from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from pydantic import BaseModel
 
@@ -34,7 +34,7 @@ from preflight.events import (
     SUPPORTED_EVENT_VERSIONS,
     ClosedRecord,
 )
-from preflight.records import UNKEYED_RECORD_KEY, FieldRecord, Fixed, ValueGate
+from preflight.records import UNKEYED_RECORD_KEY, BaselineStatus, FieldRecord, Fixed, Source, ValueGate
 
 __all__ = [
     "CONTRACT_DOC",
@@ -42,6 +42,7 @@ __all__ = [
     "CONTRACT_MEMBERS",
     "DATE_TIME_PATTERN",
     "DIGEST_PATTERN",
+    "FIELD_EVIDENCE",
     "INT32_MAX",
     "event_schema",
     "load",
@@ -73,6 +74,81 @@ def _ref(name: str) -> dict[str, Any]:
     return {"$ref": f"#/$defs/{name}"}
 
 
+def _or_null(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"anyOf": [schema, {"type": "null"}]}
+
+
+_TIER4 = "Written on a field whose lookup reached tier 4 (the baseline), else null."
+#: The members of `field_resolved.evidence` (`preflight.lookup.Evidence.as_json` writes them): where a field's
+#: value was read, beyond the record's `source`. The event model keeps the evidence a plain object (parsing
+#: and the event's bytes are untouched); the contract describes it with this schema (`FieldEvidence`), and the
+#: consumers' verdict checks it. Provenance (`field_provenance`) stores each member in its column.
+FIELD_EVIDENCE: dict[str, Any] = {
+    "type": "object",
+    "title": "FieldEvidence",
+    "description": (
+        "Where a field's value was read. A Python run writes every member below except `answer_origin` and "
+        "`proposed` (null or false when it does not apply); a member left out reads as NULL in provenance. "
+        "Other members are allowed and ignored."
+    ),
+    "properties": {
+        "tier": {
+            **_or_null({"type": "string", "enum": list(get_args(Source))}),
+            "description": "The lookup tier that supplied the value (the field's `source` when known); null when "
+            "no tier did (the field is unknown) or the value was not looked up (an argument the model proposed).",
+        },
+        "segment_index": {
+            **_or_null({"type": "integer", "minimum": 0}),
+            "description": "Tier `instruction`: the index of the instruction segment the value was read from; "
+            "else null.",
+        },
+        "span": {
+            **_or_null({"type": "array", "items": {"type": "integer", "minimum": 0}}),
+            "description": "Tier `instruction`: [start, end], the characters of that segment's text that write "
+            "the value (end exclusive); else null.",
+        },
+        "segment_origin": {
+            **_or_null({"type": "string"}),
+            "description": "Tier `instruction`: that segment's `origin` (where the user's words came from), or "
+            "null.",
+        },
+        "pre_set_origin": {
+            **_or_null({"type": "string"}),
+            "description": "Tier `pre_set_data`: the pre-set entry's `origin` (who set it), or null.",
+        },
+        "answer_origin": {
+            **_or_null({"type": "string"}),
+            "description": "Tier `user_answer`: where the user was asked (e.g. `console`). Present only when the "
+            "run says so.",
+        },
+        "measured": {
+            "type": "boolean",
+            "description": "True when the value is a system measurement (tier `measured_data`), else false.",
+        },
+        "baseline": {
+            **_or_null({"type": "string", "enum": list(get_args(BaselineStatus))}),
+            "description": "How the run came by its baseline: `given` by the caller, `loaded`, `none` stored for "
+            f"the key, `unavailable` (the load failed and tier 4 stayed empty), `not_loaded`. {_TIER4}",
+        },
+        "baseline_run_id": {
+            **_or_null({"type": "string"}),
+            "description": "The run_id of the executed run whose record was the baseline: what a value of tier "
+            "`prior_state` was inherited from (provenance follows it to the run that first supplied the value). "
+            f"{_TIER4}",
+        },
+        "baseline_timestamp": {
+            **_or_null({"type": "string"}),
+            "description": f"The baseline record's `timestamp`. {_TIER4}",
+        },
+        "proposed": {
+            "description": "The value the model proposed for the field (any JSON value, beside the settled value); "
+            "present only when it proposed one. In a protected run it is sealed (an object "
+            "`{sealed, kid, nonce, ciphertext, token}`).",
+        },
+    },
+}
+
+
 #: Per event type, the members whose schema here is stricter than the event model's (the model takes any
 #: string, or any object): the verdict (`preflight.verdict`) checks exactly these against the schema.
 CONTRACT_MEMBERS: dict[str, dict[str, dict[str, Any]]] = {
@@ -84,7 +160,7 @@ CONTRACT_MEMBERS: dict[str, dict[str, dict[str, Any]]] = {
     },
     "run_started": {"tool_digest": {"anyOf": [_DIGEST, _NULL]}},
     "fixed_checklist_resolved": {"fixed": _ref("Fixed")},
-    "field_resolved": {"field": _ref("FieldRecord")},
+    "field_resolved": {"field": _ref("FieldRecord"), "evidence": _ref("FieldEvidence")},
     "checklist_item_verified": {"index": _COUNTER},
     "admission_assessed": {"arguments_digest": _DIGEST},
     "execution_approved": {"arguments_digest": _DIGEST, "gate": _ref("ValueGate")},
@@ -143,6 +219,7 @@ def event_schema() -> dict[str, Any]:
     defs: dict[str, Any] = schema["$defs"]
     for name, definition in _nested_defs().items():
         defs.setdefault(name, definition)
+    defs.setdefault("FieldEvidence", copy.deepcopy(FIELD_EVIDENCE))  # the model keeps a plain object
     for name, members in _NESTED_MEMBERS.items():
         _narrow(defs[name], members)
     for definition in defs.values():

@@ -52,8 +52,16 @@ def _member(name: str, schema: dict[str, Any], required: bool) -> str:
 
 def _table(definition: dict[str, Any]) -> list[str]:
     required = set(definition.get("required", []))
+    properties: dict[str, Any] = definition.get("properties", {})
+    if any("description" in schema for schema in properties.values()):  # a shape whose members say what they mean
+        lines = [definition["description"], ""] if "description" in definition else []
+        lines += ["| member | required | form | meaning |", "|---|---|---|---|"]
+        for name, schema in properties.items():
+            meaning = schema.get("description", "").replace("|", "\\|")
+            lines.append(f"{_member(name, schema, name in required)} {meaning} |")
+        return lines
     lines = ["| member | required | form |", "|---|---|---|"]
-    for name, schema in definition.get("properties", {}).items():
+    for name, schema in properties.items():
         lines.append(_member(name, schema, name in required))
     if definition.get("additionalProperties") is False:
         lines.append("")

@@ -3,24 +3,29 @@
 What must hold: the inputs that once stopped or split the consumers each get their named code; a time
 that names no instant is refused; the compiled check refuses a schema keyword it cannot check rather than
 skip it; and whatever the contract's own definitions allow for a field or a closing record, the verdict
-accepts, while dropping any member they require is refused under the member's code.
+accepts, while dropping any member they require is refused under the member's code; and each member of a
+field's evidence is the contract's (`FieldEvidence`): what the engine writes and the projector reads is
+documented there, and a member of another form is refused as `invalid_evidence`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
+import re
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis_jsonschema import from_schema
 
-from preflight import MemoryStorage, create_preflight
+from preflight import MemoryKeyStore, MemoryStorage, ValueProtector, create_preflight
 from preflight import scenario as sc
-from preflight.contract import load
+from preflight.contract import FIELD_EVIDENCE, load
 from preflight.events import encode_event
 from preflight.verdict import _compile, event_problem, run_problem, time_problem
+from projections import rows
 
 
 def _run(**inputs: Any) -> list[dict[str, Any]]:
@@ -101,3 +106,69 @@ def test_what_the_contract_allows_the_verdict_accepts_and_each_required_member_i
     for name in record:
         problem = event_problem({**close, "record": {k: v for k, v in record.items() if k != name}})
         assert problem is not None and problem.code == "invalid_record"
+
+
+# ---- field_resolved.evidence: its members are the contract's (`FieldEvidence`) -----------------------------
+
+
+def _evidence_of(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [e["evidence"] for e in events if e["event_type"] == "field_resolved"]
+
+
+def test_every_evidence_member_an_engine_writes_is_documented_and_accepted() -> None:
+    documented = set(FIELD_EVIDENCE["properties"])
+    written = {name for events in (RUN, EXECUTE) for evidence in _evidence_of(events) for name in evidence}
+    assert written <= documented and written >= documented - {"answer_origin", "proposed"}
+    assert run_problem(RUN) is None and run_problem(EXECUTE) is None
+
+
+def test_the_projector_reads_only_documented_evidence_members() -> None:
+    """`projections.rows` stores each evidence member it reads in provenance: every name is the contract's."""
+    source = inspect.getsource(rows._field_columns) + inspect.getsource(rows._spans)
+    read = set(re.findall(r'(?:x|e)\.get\("(\w+)"\) for (?:x|e) in (?:ev|evidence)', source))
+    assert read >= {"tier", "measured", "baseline_run_id", "span"}, read  # the pattern still finds the reads
+    assert read <= set(FIELD_EVIDENCE["properties"])
+
+
+def test_a_sealed_proposed_value_keeps_the_evidence_valid() -> None:
+    sealed = ValueProtector(MemoryKeyStore()).seal(
+        "2200119", subject="u_01", run_id=RUN[FIELD_AT]["run_id"], slot="fields/to_account/proposed"
+    )
+    evidence = {**RUN[FIELD_AT]["evidence"], "proposed": sealed}
+    assert event_problem({**RUN[FIELD_AT], "evidence": evidence}) is None
+
+
+INHERITED = {
+    "tier": "prior_state",
+    "baseline": "loaded",
+    "baseline_run_id": "6f1c2a7e-3b1d-4b8e-9a55-0c1d2e3f4a5b",
+    "baseline_timestamp": "2026-12-05T10:00:00Z",
+    "measured": False,
+}
+
+
+@pytest.mark.parametrize(
+    ("member", "value"),
+    [
+        ("measured", "false"),
+        ("measured", None),
+        ("tier", "tier_9"),
+        ("baseline", "stale"),
+        ("baseline_run_id", 7),
+        ("segment_index", -1),
+        ("span", "5-12"),
+        ("span", [5, "12"]),
+        ("answer_origin", 3),
+    ],
+)
+def test_an_evidence_member_of_another_form_is_refused_as_invalid_evidence(member: str, value: Any) -> None:
+    event = {**RUN[FIELD_AT], "evidence": INHERITED}
+    assert event_problem(event) is None
+    problem = event_problem({**event, "evidence": {**INHERITED, member: value}})
+    assert problem is not None and problem.code == "invalid_evidence" and member in problem.reason
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(evidence=from_schema(_definition("FieldEvidence")))
+def test_what_the_contract_allows_for_evidence_the_verdict_accepts(evidence: dict[str, Any]) -> None:
+    assert event_problem({**RUN[FIELD_AT], "evidence": evidence}) is None
