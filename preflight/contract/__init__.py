@@ -7,9 +7,10 @@ decision's payload): ``python -m preflight.contract`` writes both, and a test fa
 
 The schema says everything a consumer requires of one event: every member a consumer reads is required,
 with its type, enum, `date-time` format and digest pattern, down to each field's `status` and the whole
-`run_closed.record`; the members of `field_resolved.evidence` are described (`FieldEvidence`) and typed. Where it is stricter than the event models (`CONTRACT_MEMBERS`), the consumers' shared
-verdict (`preflight.verdict`) applies exactly these member schemas, so an event is accepted by the fold and
-the projector alike only if it is valid here. It is draft 2020-12 with no vendor keyword (it compiles in
+`run_closed.record`; the members of `field_resolved.evidence` are described (`FieldEvidence`) and typed.
+Where it is stricter than the event models (`CONTRACT_MEMBERS`), the consumers' shared verdict
+(`preflight.verdict`) applies exactly these member schemas, so an event is accepted by the fold and the
+projector alike only if it is valid here. It is draft 2020-12 with no vendor keyword (it compiles in
 ajv's strict mode as in Python's `jsonschema`).
 
 What one event's schema cannot say -- the chain between events, the closing count, the one decision
@@ -109,8 +110,7 @@ FIELD_EVIDENCE: dict[str, Any] = {
         },
         "segment_origin": {
             **_or_null({"type": "string"}),
-            "description": "Tier `instruction`: that segment's `origin` (where the user's words came from), or "
-            "null.",
+            "description": "Tier `instruction`: that segment's `origin` (where the user's words came from), or null.",
         },
         "pre_set_origin": {
             **_or_null({"type": "string"}),
