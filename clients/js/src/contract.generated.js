@@ -222,6 +222,22 @@
  * @property {string|null} user_id
  */
 /**
+ * Where a field's value was read. A Python run writes every member below except `answer_origin` and `proposed` (null or false when it does not apply); a member left out reads as NULL in provenance. Other members are allowed and ignored.
+ *
+ * @typedef {Object} FieldEvidence
+ * @property {string|null} [answer_origin] Tier `user_answer`: where the user was asked (e.g. `console`). Present only when the run says so.
+ * @property {"given"|"not_loaded"|"loaded"|"none"|"unavailable"|null} [baseline] How the run came by its baseline: `given` by the caller, `loaded`, `none` stored for the key, `unavailable` (the load failed and tier 4 stayed empty), `not_loaded`. Written on a field whose lookup reached tier 4 (the baseline), else null.
+ * @property {string|null} [baseline_run_id] The run_id of the executed run whose record was the baseline: what a value of tier `prior_state` was inherited from (provenance follows it to the run that first supplied the value). Written on a field whose lookup reached tier 4 (the baseline), else null.
+ * @property {string|null} [baseline_timestamp] The baseline record's `timestamp`. Written on a field whose lookup reached tier 4 (the baseline), else null.
+ * @property {boolean} [measured] True when the value is a system measurement (tier `measured_data`), else false.
+ * @property {string|null} [pre_set_origin] Tier `pre_set_data`: the pre-set entry's `origin` (who set it), or null.
+ * @property {*} [proposed] The value the model proposed for the field (any JSON value, beside the settled value); present only when it proposed one. In a protected run it is sealed (an object `{sealed, kid, nonce, ciphertext, token}`).
+ * @property {number|null} [segment_index] Tier `instruction`: the index of the instruction segment the value was read from; else null.
+ * @property {string|null} [segment_origin] Tier `instruction`: that segment's `origin` (where the user's words came from), or null.
+ * @property {Array<number>|null} [span] Tier `instruction`: [start, end], the characters of that segment's text that write the value (end exclusive); else null.
+ * @property {"user_answer"|"instruction"|"pre_set_data"|"measured_data"|"prior_state"|null} [tier] The lookup tier that supplied the value (the field's `source` when known); null when no tier did (the field is unknown) or the value was not looked up (an argument the model proposed).
+ */
+/**
  * One required argument: its value (if known) and where the value was found.
  *
  * @typedef {Object} FieldRecord
@@ -240,12 +256,15 @@
 /**
  * One required field: the record's entry plus the evidence of where the value was read.
  *
+ * The evidence stays a plain object here (parsing and the event's bytes are untouched); the contract
+ * describes and types its members (`preflight.contract.FIELD_EVIDENCE`, `FieldEvidence` in the schema).
+ *
  * @typedef {Object} FieldResolved
  * @property {string|null} action_key
  * @property {string|null} agent_id
  * @property {string} event_id
  * @property {"field_resolved"} event_type
- * @property {Object<string, *>} evidence
+ * @property {FieldEvidence} evidence
  * @property {FieldRecord} field
  * @property {string} hash
  * @property {string} occurred_at
@@ -1942,6 +1961,138 @@ export const SCHEMA = {
       "title": "ExecutionFailed",
       "type": "object"
     },
+    "FieldEvidence": {
+      "description": "Where a field's value was read. A Python run writes every member below except `answer_origin` and `proposed` (null or false when it does not apply); a member left out reads as NULL in provenance. Other members are allowed and ignored.",
+      "properties": {
+        "answer_origin": {
+          "anyOf": [
+            {
+              "type": "string"
+            },
+            {
+              "type": "null"
+            }
+          ],
+          "description": "Tier `user_answer`: where the user was asked (e.g. `console`). Present only when the run says so."
+        },
+        "baseline": {
+          "anyOf": [
+            {
+              "enum": [
+                "given",
+                "not_loaded",
+                "loaded",
+                "none",
+                "unavailable"
+              ],
+              "type": "string"
+            },
+            {
+              "type": "null"
+            }
+          ],
+          "description": "How the run came by its baseline: `given` by the caller, `loaded`, `none` stored for the key, `unavailable` (the load failed and tier 4 stayed empty), `not_loaded`. Written on a field whose lookup reached tier 4 (the baseline), else null."
+        },
+        "baseline_run_id": {
+          "anyOf": [
+            {
+              "type": "string"
+            },
+            {
+              "type": "null"
+            }
+          ],
+          "description": "The run_id of the executed run whose record was the baseline: what a value of tier `prior_state` was inherited from (provenance follows it to the run that first supplied the value). Written on a field whose lookup reached tier 4 (the baseline), else null."
+        },
+        "baseline_timestamp": {
+          "anyOf": [
+            {
+              "type": "string"
+            },
+            {
+              "type": "null"
+            }
+          ],
+          "description": "The baseline record's `timestamp`. Written on a field whose lookup reached tier 4 (the baseline), else null."
+        },
+        "measured": {
+          "description": "True when the value is a system measurement (tier `measured_data`), else false.",
+          "type": "boolean"
+        },
+        "pre_set_origin": {
+          "anyOf": [
+            {
+              "type": "string"
+            },
+            {
+              "type": "null"
+            }
+          ],
+          "description": "Tier `pre_set_data`: the pre-set entry's `origin` (who set it), or null."
+        },
+        "proposed": {
+          "description": "The value the model proposed for the field (any JSON value, beside the settled value); present only when it proposed one. In a protected run it is sealed (an object `{sealed, kid, nonce, ciphertext, token}`)."
+        },
+        "segment_index": {
+          "anyOf": [
+            {
+              "minimum": 0,
+              "type": "integer"
+            },
+            {
+              "type": "null"
+            }
+          ],
+          "description": "Tier `instruction`: the index of the instruction segment the value was read from; else null."
+        },
+        "segment_origin": {
+          "anyOf": [
+            {
+              "type": "string"
+            },
+            {
+              "type": "null"
+            }
+          ],
+          "description": "Tier `instruction`: that segment's `origin` (where the user's words came from), or null."
+        },
+        "span": {
+          "anyOf": [
+            {
+              "items": {
+                "minimum": 0,
+                "type": "integer"
+              },
+              "type": "array"
+            },
+            {
+              "type": "null"
+            }
+          ],
+          "description": "Tier `instruction`: [start, end], the characters of that segment's text that write the value (end exclusive); else null."
+        },
+        "tier": {
+          "anyOf": [
+            {
+              "enum": [
+                "user_answer",
+                "instruction",
+                "pre_set_data",
+                "measured_data",
+                "prior_state"
+              ],
+              "type": "string"
+            },
+            {
+              "type": "null"
+            }
+          ],
+          "description": "The lookup tier that supplied the value (the field's `source` when known); null when no tier did (the field is unknown) or the value was not looked up (an argument the model proposed)."
+        }
+      },
+      "title": "FieldEvidence",
+      "type": "object"
+    },
     "FieldRecord": {
       "additionalProperties": false,
       "description": "One required argument: its value (if known) and where the value was found.",
@@ -2082,7 +2233,7 @@ export const SCHEMA = {
     },
     "FieldResolved": {
       "additionalProperties": false,
-      "description": "One required field: the record's entry plus the evidence of where the value was read.",
+      "description": "One required field: the record's entry plus the evidence of where the value was read.\n\nThe evidence stays a plain object here (parsing and the event's bytes are untouched); the contract\ndescribes and types its members (`preflight.contract.FIELD_EVIDENCE`, `FieldEvidence` in the schema).",
       "properties": {
         "action_key": {
           "anyOf": [
@@ -2118,9 +2269,8 @@ export const SCHEMA = {
           "type": "string"
         },
         "evidence": {
-          "additionalProperties": true,
-          "title": "Evidence",
-          "type": "object"
+          "$ref": "#/$defs/FieldEvidence",
+          "title": "Evidence"
         },
         "field": {
           "$ref": "#/$defs/FieldRecord",

@@ -37,6 +37,34 @@ export function closedRecord(record) {
 }
 
 const DECISIONS = new Set(['execute', 'ask_user', 'hold', 'deferred']);
+/** The lookup tiers, as the contract's `FieldEvidence.tier` names them. */
+const TIERS = new Set(['user_answer', 'instruction', 'pre_set_data', 'measured_data', 'prior_state']);
+
+/**
+ * A field's evidence as the contract's `FieldEvidence` says a run writes it: every member, null (or
+ * false) where it does not apply, overlaid with what the caller knows of where the value was read.
+ * Unless given, `tier` is the field's `source` when the field is known (else null) and `measured` says
+ * whether that tier is `measured_data`.
+ * @param {Record<string, any>} field the record's field
+ * @param {Record<string, any>} [given] members the caller knows (`segment_index`, `span`, `baseline_run_id`, ...)
+ * @returns {import('./contract.generated.js').FieldEvidence}
+ */
+export function fieldEvidence(field, given = {}) {
+  const known = field?.status === 'known' && TIERS.has(field?.source);
+  const tier = given.tier !== undefined ? given.tier : known ? field.source : null;
+  return {
+    tier,
+    segment_index: null,
+    span: null,
+    segment_origin: null,
+    pre_set_origin: null,
+    measured: tier === 'measured_data',
+    baseline: null,
+    baseline_run_id: null,
+    baseline_timestamp: null,
+    ...given,
+  };
+}
 
 function envelope(ctx, eventType) {
   return {
@@ -98,6 +126,7 @@ export function blockedGate(record, blocked = {}) {
  * @param {{name: string, description?: string, inputSchema?: object}} spec.tool the MCP tool judged
  * @param {Array<{text: string, trust: string, origin?: string}>} [spec.instruction] only its shape is written
  * @param {Record<string, Record<string, any>>} [spec.evidence] per field name, where its value was read
+ *   (the contract's `FieldEvidence` members; `fieldEvidence` fills the rest)
  * @param {{intent_attempt?: number, tool_attempt?: number}} [spec.attempts]
  * @param {{gate_name?: string, kind?: string, gap_class?: string}} [spec.blocked] for ask_user / hold
  * @param {import('./signing.js').DecisionSigner} [spec.signer] signs an `execute` decision
@@ -148,7 +177,7 @@ export function buildRun(spec) {
     });
   }
   for (const field of record.fields ?? []) {
-    events.push({ ...envelope(ctx, 'field_resolved'), field, evidence: spec.evidence?.[field.name] ?? {} });
+    events.push({ ...envelope(ctx, 'field_resolved'), field, evidence: fieldEvidence(field, spec.evidence?.[field.name]) });
   }
   if (record.phase === 'at_trigger' && Array.isArray(record.fields)) {
     (record.user_checklist ?? []).forEach((item, index) => {

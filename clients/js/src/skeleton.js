@@ -10,7 +10,10 @@
 //
 // The skeleton's record does not hold who asked, the tool's description, the instruction's shape, each
 // field's evidence, or the tool's result: the port is built per agent session with the user and the
-// tools, and `observe(callMcpTool)` wraps the tool call so the outcome carries its result's digest.
+// tools, and `observe(callMcpTool)` wraps the tool call so the outcome carries its result's digest. Of
+// the evidence, the port knows the baseline its `load` read: a field the run inherited (`prior_state`)
+// or left unknown after reaching tier 4 names that baseline's run (`baseline_run_id`), so provenance
+// traces an inherited value to the run that first supplied it.
 import { buildOutcome, buildRun } from './run.js';
 
 /** The worker did not give a baseline it vouches for (starting, catching up, unreachable, malformed). */
@@ -47,6 +50,7 @@ export class SkeletonStorage {
     this.waitSeconds = waitSeconds;
     this.approved = new Map(); // key -> the last execute run published
     this.acked = new Map(); // key -> {partition, offset} of the last message published
+    this.baselines = new Map(); // key -> the baseline the last `load` read, until a run is persisted
     this.lastCall = null;
     this.persist = this.persist.bind(this);
     this.load = this.load.bind(this);
@@ -74,6 +78,7 @@ export class SkeletonStorage {
       const tool = this.tools.get(record.fixed?.c3_provider_action_name) ?? null;
       const run = buildRun({
         record,
+        evidence: this.evidenceOf(key, record.fields),
         userId: this.userId,
         agentId: this.agentId,
         tool,
@@ -81,6 +86,7 @@ export class SkeletonStorage {
         userChecklist: record.user_checklist ?? [],
         signer: decision === 'execute' ? this.signer : undefined,
       });
+      this.baselines.delete(key);
       if (decision === 'execute') this.approved.set(key, run);
       events = run.events;
     } else if (OUTCOMES.has(decision)) {
@@ -120,10 +126,30 @@ export class SkeletonStorage {
     if (response.status !== 200) {
       throw new BaselineUnavailable(`the fold worker answered ${response.status} for ${key}: ${body?.reason ?? ''}`);
     }
-    if (body?.status === 'none') return null;
+    if (body?.status === 'none') {
+      this.baselines.set(key, { baseline: 'none', baseline_run_id: null, baseline_timestamp: null });
+      return null;
+    }
     if (body?.status !== 'ok' || body.record === null || typeof body.record !== 'object') {
       throw new BaselineUnavailable(`the fold worker's baseline for ${key} is malformed`);
     }
+    this.baselines.set(key, {
+      baseline: 'loaded',
+      baseline_run_id: typeof body.run_id === 'string' ? body.run_id : null,
+      baseline_timestamp: typeof body.record.timestamp === 'string' ? body.record.timestamp : null,
+    });
     return body.record;
+  }
+
+  /**
+   * Per field name, the evidence this port knows: the baseline its last `load` for `key` read, on each
+   * field that reached tier 4 (inherited, or unknown without a failed lookup). Nothing when no `load` ran
+   * since the last run (the skeleton was given its prior state).
+   */
+  evidenceOf(key, fields) {
+    const baseline = this.baselines.get(key);
+    if (!baseline || !Array.isArray(fields)) return {};
+    const reachedTier4 = (f) => f.source === 'prior_state' || (f.status === 'unknown' && f.lookup_failed !== true);
+    return Object.fromEntries(fields.filter(reachedTier4).map((f) => [f.name, baseline]));
   }
 }

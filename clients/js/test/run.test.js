@@ -13,6 +13,8 @@ import {
   closedRecord,
   digestOf,
   eventProblems,
+  fieldEvidence,
+  SCHEMA,
   verifyDecision,
 } from '../src/index.js';
 
@@ -122,4 +124,36 @@ test('the blocking gate is read from the record as the SPEC names the gates', ()
   assert.deepEqual(of(null, 'hold: checklist item without id at 0')[2], 'configuration_defect');
   const held = runs.hold.events.find((e) => e.event_type === 'gate_blocked');
   assert.deepEqual([held.gate_name, held.kind, held.gap_class], ['tool', 'tool_undetermined_exhausted', 'action_definition_gap']);
+});
+
+test("each field's evidence carries the contract's FieldEvidence members, as a Python run writes them", () => {
+  const written = Object.keys(SCHEMA.$defs.FieldEvidence.properties).filter((m) => m !== 'answer_origin' && m !== 'proposed');
+  const evidence = Object.fromEntries(
+    runs.execute.events.filter((e) => e.event_type === 'field_resolved').map((e) => [e.field.name, e.evidence]),
+  );
+  for (const [name, members] of Object.entries(evidence)) assert.deepEqual(Object.keys(members).sort(), [...written].sort(), name);
+  assert.equal(evidence.from_account.tier, 'pre_set_data');
+  assert.equal(evidence.amount.tier, 'instruction');
+  assert.equal(evidence.amount.segment_index, 0);
+  assert.deepEqual(evidence.amount.span, [TEXT.indexOf('500,000'), TEXT.indexOf('500,000') + '500,000'.length]);
+  assert.equal(evidence.to_account.tier, 'user_answer');
+  assert.deepEqual(Object.values(evidence).map((e) => e.measured), [false, false, false]);
+  const unknown = runs.ask_user.events.find((e) => e.event_type === 'field_resolved' && e.field.name === 'to_account');
+  assert.equal(unknown.evidence.tier, null);
+});
+
+test('a measured value is marked measured; what the caller gives wins over the defaults', () => {
+  const field = { name: 'balance', status: 'known', source: 'measured_data', value: 3, resolved_at: at };
+  assert.equal(fieldEvidence(field).measured, true);
+  assert.equal(fieldEvidence(field).tier, 'measured_data');
+  const inherited = fieldEvidence({ ...field, source: 'prior_state' }, { baseline: 'loaded', baseline_run_id: 'r-1' });
+  assert.deepEqual([inherited.tier, inherited.measured, inherited.baseline, inherited.baseline_run_id], ['prior_state', false, 'loaded', 'r-1']);
+});
+
+test('an evidence member of another form than the contract says is a contract problem', () => {
+  const event = runs.execute.events.find((e) => e.event_type === 'field_resolved');
+  assert.deepEqual(eventProblems(event), []);
+  for (const [member, value] of [['measured', 'no'], ['tier', 'tier_9'], ['span', '5-12'], ['baseline_run_id', 7]]) {
+    assert.notDeepEqual(eventProblems({ ...event, evidence: { ...event.evidence, [member]: value } }), [], member);
+  }
 });

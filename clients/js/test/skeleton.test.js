@@ -87,3 +87,27 @@ test('load passes its own last write, and answers the record, null, or BaselineU
   }
   await assert.rejects(port(publisher, 'http://127.0.0.1:9').load('k'), BaselineUnavailable);
 });
+
+test('a run after load names the baseline it read on the field it inherited, and only then', async () => {
+  const { sent, publisher } = recordingPublisher();
+  const timestamp = '2026-08-11T09:00:00.000Z';
+  const w = await worker(() => [200, { status: 'ok', run_id: 'r-first', record: { execution_decision: 'executed', timestamp, fields: [] } }]);
+  const inherited = { ...records.execute.fields[2], source: 'prior_state', origin_source: 'user_answer' };
+  const record = { ...records.execute, fields: [...records.execute.fields.slice(0, 2), inherited] };
+  try {
+    const storage = port(publisher, w.url);
+    await storage.load('u_sk:bank.transfer');
+    await storage.persist('u_sk:bank.transfer', record);
+    await storage.persist('u_sk:bank.transfer', record); // no load before it: the port knows no baseline
+  } finally {
+    w.server.close();
+  }
+  const evidence = (run) => Object.fromEntries(run.filter((e) => e.event_type === 'field_resolved').map((e) => [e.field.name, e.evidence]));
+  const [first, second] = sent.map(evidence);
+  assert.deepEqual(
+    [first.to_account.tier, first.to_account.baseline, first.to_account.baseline_run_id, first.to_account.baseline_timestamp],
+    ['prior_state', 'loaded', 'r-first', timestamp],
+  );
+  assert.deepEqual([first.amount.baseline_run_id, first.from_account.baseline], [null, null]);
+  assert.deepEqual([second.to_account.tier, second.to_account.baseline_run_id], ['prior_state', null]);
+});
