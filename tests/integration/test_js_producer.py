@@ -20,9 +20,8 @@ trust the one decision key both agents sign with. What must hold:
 Also: ``preflight-audit contract check`` gives the package's events (the example's ``--dry-run``) the
 consumers' verdicts, offline; and, where ``make reference-skeleton`` has fetched it, the seed's reference
 skeleton runs in node with the package's storage port (``SkeletonStorage``): its runs are published and its
-tier 4 reads the worker's baseline. Two strict xfails record what the contract does not define yet (the
-members of ``field_resolved.evidence``), so that a producer in another language cannot match a Python run
-there.
+tier 4 reads the worker's baseline, and provenance traces the value it inherited to the run that first
+supplied it (through the evidence's ``baseline_run_id``, a member the contract's ``FieldEvidence`` names).
 
 Node is needed; without it the module is skipped, except where ``CI`` is set, where it fails. The module
 takes about a minute here (one worker start, one projector, a few dozen events).
@@ -305,28 +304,10 @@ def _comparable(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     )
 
 
-#: Provenance columns read from `field_resolved.evidence` members that the contract does not name yet
-#: (CONTRACT.md types `evidence` only as "object"): a producer in another language cannot know to write them.
-UNDEFINED_BY_THE_CONTRACT = {"measured"}
-
-
-def test_provenance_agrees_value_by_value(world: World) -> None:
-    """Every provenance column the contract defines agrees between the languages, row by row."""
-    js, py = world.provenance[JS_KEY], world.provenance[PY_KEY]
-    assert len(js) == len(py) == 6  # three fields of the ask run, three of the executed one
-
-    def defined(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        return [{k: v for k, v in r.items() if k not in UNDEFINED_BY_THE_CONTRACT} for r in _comparable(rows)]
-
-    assert defined(js) == defined(py)
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="contract gap: `field_resolved.evidence` has no documented members, so a JavaScript run cannot"
-    " write `measured` as a Python run does (NULL against false in provenance)",
-)
 def test_provenance_agrees_in_every_column(world: World) -> None:
+    """Every provenance column agrees between the languages, row by row, the evidence's included (the
+    package writes the members the contract's `FieldEvidence` names, as a Python run does)."""
+    assert len(world.provenance[JS_KEY]) == len(world.provenance[PY_KEY]) == 6  # three fields of two runs
     assert _comparable(world.provenance[JS_KEY]) == _comparable(world.provenance[PY_KEY])
 
 
@@ -417,16 +398,12 @@ def test_the_reference_skeleton_is_audited_through_the_storage_port(world: World
     assert baseline["run_id"] == next(r["run_id"] for r in rows if r["inherited"])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="contract gap: no documented `field_resolved.evidence` member names the baseline run a tier-4"
-    " value was read from, so provenance cannot trace a value a JavaScript run inherited",
-)
 def test_an_inherited_value_is_traced_to_the_run_that_supplied_it(world: World) -> None:
     _skeleton(world)
     rows = [r for r in world.provenance[SK_KEY] if r["field"] == "to_account"]
     inherited = next(r for r in rows if r["inherited"])
     first = next(r for r in rows if not r["inherited"])
+    assert inherited["inherited_from_run_id"] == first["run_id"]
     assert inherited["first_supplied_in_run_id"] == first["run_id"]
 
 
