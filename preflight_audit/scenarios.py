@@ -811,7 +811,7 @@ def erasure_sessions() -> dict[str, Session]:
             user_id="u_10",
             agent_id="web-assistant",
             days_ago=6,
-            request=_transfer_request("send 90,000 won to my piano teacher", from_account="4417203358"),
+            request=_transfer_request("send 90,000 won to my accountant", from_account="4417203358"),
             answers={"to_account": "6630581"},
             label="to_account asked; the user answers 6630581; executed -- then the user is erased",
             expect=("ask_user", "executed"),

@@ -206,7 +206,12 @@ class TestTheDemo:
         # two values, the user's words about the act (C2) and the readable action key built from them
         assert (hits, values) == (0, 4) and control > 0
         data = (demo.out / "audit.duckdb").read_bytes()
-        for plaintext in (b"6630581", b"4417203358", b"piano teacher", b"u_10:bank.transfer"):  # checked here too
+        for plaintext in (
+            b"6630581",
+            b"4417203358",
+            b"send money to my accountant",
+            b"u_10:bank.transfer",
+        ):  # checked here too
             assert plaintext not in data, plaintext
         assert b"ak1." in data  # the published action keys: pseudonyms, stored in clear
 
