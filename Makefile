@@ -4,19 +4,24 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv native mcp-servers native-test services browser test test-kafka test-cluster lint typecheck unit bench demo clean reference-skeleton
+.PHONY: venv native mcp-servers js-client js-test native-test services browser test test-kafka test-cluster lint typecheck unit bench demo clean reference-skeleton
 
 # Real MCP servers from npm that the tests start (the PyPI ones come with the dev extra): installed from the
 # lockfile into tests/servers/node_modules (git-ignored), pinned.
 NODE_SERVERS := tests/servers
+# The JavaScript producer (clients/js, its own package): installed from its lockfile (node and npm from
+# Debian's packages when missing and this is root), its node tests run by `make test`. Node is needed where
+# CI is set; elsewhere its absence is said and its tests are skipped.
+JS_CLIENT := clients/js
 NATIVE_SOURCES := native/Cargo.toml native/Cargo.lock native/pyproject.toml native/src/lib.rs native/src/jcs.rs native/preflight_audit_native.pyi
 
-$(STAMP): pyproject.toml $(NATIVE_SOURCES) $(NODE_SERVERS)/package-lock.json
+$(STAMP): pyproject.toml $(NATIVE_SOURCES) $(NODE_SERVERS)/package-lock.json $(JS_CLIENT)/package-lock.json
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	$(MAKE) --no-print-directory native
 	$(MAKE) --no-print-directory mcp-servers
+	$(MAKE) --no-print-directory js-client
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -52,6 +57,26 @@ mcp-servers:
 		echo "no node/npm: the tests against the npm filesystem MCP server are skipped" >&2; \
 	fi
 
+js-client:
+	@if ! command -v npm >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null; \
+	fi
+	@if command -v npm >/dev/null 2>&1; then \
+		npm ci --prefix $(JS_CLIENT) --no-audit --no-fund --loglevel=error; \
+	elif [ -n "$$CI" ]; then \
+		echo "no node/npm on CI: the JavaScript producer (clients/js) needs them" >&2; exit 1; \
+	else \
+		echo "no node/npm: the JavaScript producer (clients/js) is not installed and its tests are skipped" >&2; \
+	fi
+
+# The JavaScript producer's own tests (node's test runner).
+js-test: $(STAMP)
+	@if command -v node >/dev/null 2>&1; then \
+		cd $(JS_CLIENT) && node --test; \
+	elif [ -n "$$CI" ]; then \
+		echo "no node on CI: the JavaScript producer's tests (clients/js) cannot run" >&2; exit 1; \
+	fi
+
 native-test: $(STAMP)
 	@if command -v cargo >/dev/null 2>&1; then \
 		cargo fmt --check --manifest-path native/Cargo.toml && \
@@ -82,7 +107,7 @@ browser:
 	fi
 
 # The whole suite: lint, types, then every test (unit, contract, integration on the selected broker).
-test: lint typecheck native-test services browser
+test: lint typecheck native-test js-test services browser
 	$(BIN)/pytest -q -m "not cluster"; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 # The integration suite again, on an Apache Kafka broker assembled from Maven Central (CI tier).
@@ -106,6 +131,7 @@ soak: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/engine.py
 	$(BIN)/python bench/fold.py
+	$(BIN)/python bench/verdict.py
 	$(BIN)/python bench/scale_out.py
 	$(BIN)/python bench/worker_start.py
 	$(BIN)/python bench/projector.py
@@ -131,4 +157,4 @@ reference-skeleton:
 	mv $(SKELETON_FILE).tmp $(SKELETON_FILE)
 
 clean:
-	rm -rf $(VENV) $(NODE_SERVERS)/node_modules .mypy_cache .ruff_cache .pytest_cache build *.egg-info native/target
+	rm -rf $(VENV) $(NODE_SERVERS)/node_modules $(JS_CLIENT)/node_modules .mypy_cache .ruff_cache .pytest_cache build *.egg-info native/target

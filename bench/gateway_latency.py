@@ -1,13 +1,19 @@
-"""The latency an agent feels: a gated read-only MCP call through the gateway against the same call made
-directly to the upstream (see bench/README.md).
+"""The latency an agent feels: a read-only MCP call through the gateway against the same call made directly
+to the upstream (see bench/README.md).
 
 One run starts the embedded broker, the upstream (`mcp-server-time`, stdio) for the direct calls, and
-`preflight-audit gateway` (stdio, publishing to that broker) in front of its own `mcp-server-time`. Both
-are driven by the official SDK's `ClientSession`, calls alternating (direct, gateway, direct, ...) so that
-the machine's noise falls on both alike. The gated call is `get_current_time {"timezone": "Asia/Seoul"}`
-with the user's words in `_meta` ("what time is it in Asia/Seoul?"): the preflight runs, its events are
-published and acknowledged, and the call is forwarded. Prints each side's p50/p99 in milliseconds, the
-ratio of the medians (gateway / direct) and the preflight's added p50/p99.
+`preflight-audit gateway` (stdio, publishing to that broker, with ``--ops-port`` for its metrics) in front of
+its own `mcp-server-time`. Both are driven by the official SDK's `ClientSession`, calls alternating (direct,
+gateway, direct, ...) so that the machine's noise falls on both alike. The call is `get_current_time
+{"timezone": "Asia/Seoul"}` with no `_meta`, as a client that sends no user words makes it: a read, admitted
+(SPEC §2.7), its decision published and acknowledged before the call, its outcome after.
+
+Prints: the **cold start** (each side's first call after its start, the gateway's after its warm-up); the
+warm p50/p99 of each side and the **added** p50/p99 per call pair against the limits (3 ms and 8 ms on a
+quiet machine), as ratios; and the **share of each part** of the mean added time, from the gateway's own
+metrics over the measured calls: the broker's acknowledgements (``preflight_publish_ack_seconds``), the
+engine and the gateway's code (its time per call less the upstream's and the acks), and the MCP hops (the
+rest: the extra stdio hop and the SDK's serialisation on both sides).
 """
 
 from __future__ import annotations
@@ -15,23 +21,61 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import socket
 import statistics
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
 
+import httpx
 from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.types import RequestParamsMeta
+from prometheus_client.parser import text_string_to_metric_families
 
 from infra.brokers import create_topics
 from infra.embedded import EmbeddedBroker
-from preflight.adapters.mcp import INSTRUCTION_META_KEY
 
 BIN = Path(sys.executable).parent
 ARGS = {"timezone": "Asia/Seoul"}
-META = cast(RequestParamsMeta, {INSTRUCTION_META_KEY: [{"text": "what time is it in Asia/Seoul?", "trust": "user"}]})
+#: The limits of the added latency on a quiet machine: p50, p99 in milliseconds.
+LIMIT_P50_MS, LIMIT_P99_MS = 3.0, 8.0
+#: The metric sums (seconds) and counts read from the gateway before and after the measured calls.
+SUMS = {
+    "ack": "preflight_publish_ack_seconds",
+    "call": "preflight_gateway_call_seconds",
+    "upstream": "preflight_gateway_upstream_seconds",
+}
+
+
+@dataclass
+class Measured:
+    cold: tuple[float, float]
+    plain: list[float]
+    through: list[float]
+    parts: dict[str, float]  # ms per gated call: ack, call, upstream; and publishes per call
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def totals(text: str) -> dict[str, float]:
+    """Each histogram's ``_sum`` and ``_count`` (over every label set) from a metrics page."""
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name.endswith(("_sum", "_count")):
+                out[sample.name] = out.get(sample.name, 0.0) + sample.value
+    return out
+
+
+async def scrape(url: str) -> dict[str, float]:
+    async with httpx.AsyncClient() as http:
+        return totals((await http.get(url, timeout=30)).text)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -39,7 +83,7 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-async def timed(session: ClientSession, meta: RequestParamsMeta | None) -> float:
+async def timed(session: ClientSession, meta: RequestParamsMeta | None = None) -> float:
     start = time.perf_counter()
     result = await session.call_tool("get_current_time", ARGS, meta=meta)
     elapsed = time.perf_counter() - start
@@ -48,7 +92,7 @@ async def timed(session: ClientSession, meta: RequestParamsMeta | None) -> float
     return elapsed * 1000.0
 
 
-async def measure(calls: int, warmup: int, broker: str, work: Path) -> tuple[list[float], list[float]]:
+async def measure(calls: int, warmup: int, broker: str, work: Path) -> Measured:
     settings = work / "gateway.toml"
     settings.write_text(
         f'[gateway]\nuser = "bench"\n[servers.time]\ncommand = "{BIN / "mcp-server-time"}"\n'
@@ -61,9 +105,14 @@ async def measure(calls: int, warmup: int, broker: str, work: Path) -> tuple[lis
         "PREFLIGHT_KEY_DIR": str(work / "keys"),
         "PREFLIGHT_WEB_PORT": "9",
     }
+    ops = free_port()
+    metrics = f"http://127.0.0.1:{ops}/metrics"
     direct = StdioServerParameters(command=str(BIN / "mcp-server-time"), args=["--local-timezone", "Etc/UTC"])
     gated = StdioServerParameters(
-        command=str(BIN / "preflight-audit"), args=["gateway", "--config", str(settings)], env=env, cwd=str(work)
+        command=str(BIN / "preflight-audit"),
+        args=["gateway", "--config", str(settings), "--ops-port", str(ops)],
+        env=env,
+        cwd=str(work),
     )
     errlog = (work / "servers.log").open("w")
     with errlog:
@@ -75,15 +124,21 @@ async def measure(calls: int, warmup: int, broker: str, work: Path) -> tuple[lis
         ):
             await d.initialize()
             await g.initialize()
+            cold = (await timed(d), await timed(g))  # each side's first call after its start
             for _ in range(warmup):
-                await timed(d, None)
-                await timed(g, META)
+                await timed(d)
+                await timed(g)
+            before = await scrape(metrics)
             plain: list[float] = []
             through: list[float] = []
             for _ in range(calls):
-                plain.append(await timed(d, None))
-                through.append(await timed(g, META))
-    return plain, through
+                plain.append(await timed(d))
+                through.append(await timed(g))
+            after = await scrape(metrics)
+    made = after[SUMS["call"] + "_count"] - before[SUMS["call"] + "_count"]
+    parts = {k: 1000.0 * (after[m + "_sum"] - before[m + "_sum"]) / made for k, m in SUMS.items()}
+    parts["publishes"] = (after[SUMS["ack"] + "_count"] - before[SUMS["ack"] + "_count"]) / made
+    return Measured(cold, plain, through, parts)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -93,18 +148,33 @@ def main(argv: list[str] | None = None) -> int:
     ns = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp, EmbeddedBroker() as broker:
         asyncio.run(create_topics(broker.bootstrap_servers, ["preflight.events"], 2))
-        plain, through = asyncio.run(measure(ns.calls, ns.warmup, broker.bootstrap_servers, Path(tmp)))
+        m = asyncio.run(measure(ns.calls, ns.warmup, broker.bootstrap_servers, Path(tmp)))
+    plain, through = m.plain, m.through
     p50 = (percentile(plain, 0.5), percentile(through, 0.5))
     p99 = (percentile(plain, 0.99), percentile(through, 0.99))
     added = [t - p for p, t in zip(plain, through, strict=True)]
+    add50, add99, mean = percentile(added, 0.5), percentile(added, 0.99), statistics.fmean(added)
     print(f"gateway bench: {ns.calls} read-only calls each way, alternating (after {ns.warmup} warm-up pairs)")
+    print(f"  cold start (first call)   direct {m.cold[0]:7.2f} ms   gateway {m.cold[1]:7.2f} ms")
+    print(f"    gateway's first call / its warm p50: {m.cold[1] / p50[1]:.2f}x")
     print(f"  direct to the upstream    p50 {p50[0]:7.2f} ms   p99 {p99[0]:7.2f} ms")
     print(f"  through the gateway       p50 {p50[1]:7.2f} ms   p99 {p99[1]:7.2f} ms")
     print(f"  ratio of medians (gateway / direct): {p50[1] / p50[0]:.2f}x")
+    print(f"  added per call pair: p50 {add50:.2f} ms, p99 {add99:.2f} ms, mean {mean:.2f} ms")
     print(
-        f"  added by the preflight (per call pair): p50 {percentile(added, 0.5):.2f} ms, "
-        f"p99 {percentile(added, 0.99):.2f} ms, mean {statistics.fmean(added):.2f} ms"
+        f"    against the limits: p50 {add50 / LIMIT_P50_MS:.2f}x of {LIMIT_P50_MS:g} ms,"
+        f" p99 {add99 / LIMIT_P99_MS:.2f}x of {LIMIT_P99_MS:g} ms (limits set for a quiet machine)"
     )
+    parts = m.parts
+    own = parts["call"] - parts["upstream"]  # the gateway's own time per call
+    shares = {
+        f"broker acks ({parts['publishes']:.1f} per call)": parts["ack"],
+        "engine and gateway code": own - parts["ack"],
+        "MCP hops (extra stdio hop, SDK on both sides)": mean - own,
+    }
+    print(f"  share of the mean added {mean:.2f} ms (gateway metrics over the measured calls):")
+    for name, ms in shares.items():
+        print(f"    {name:48s} {ms:6.2f} ms  {100.0 * ms / mean if mean > 0 else 0.0:5.1f} %")
     return 0
 
 

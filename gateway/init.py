@@ -5,19 +5,26 @@ Reads the common ``{"mcpServers": {name: {command, args?, env?} | {url, headers?
 assistants and IDEs write it), writes every server as a ``[servers.<name>]`` upstream of a new gateway
 settings file, and returns the client configuration with ``mcpServers`` replaced by one entry that
 starts the gateway (other keys of the file are kept). Nothing is written over an existing file.
+
+The entry must work from a desktop client, which starts it with a bare environment in a working directory
+of its own: its command is absolute (`default_command`) and its ``env`` names the deployment's broker,
+data and key directories (``PREFLIGHT_BROKER``, ``PREFLIGHT_DATA_DIR``, ``PREFLIGHT_KEY_DIR``, absolute),
+so its events reach the deployment rather than a private embedded broker.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import shutil
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from gateway.settings import GatewaySettingsError, parse_config
 
-__all__ = ["GATEWAY_ENTRY", "client_entry", "gateway_toml", "init_gateway", "toml_value"]
+__all__ = ["GATEWAY_ENTRY", "client_entry", "default_command", "gateway_toml", "init_gateway", "toml_value"]
 
 #: The name of the gateway's entry in the client's ``mcpServers``.
 GATEWAY_ENTRY = "preflight-gateway"
@@ -78,13 +85,37 @@ def gateway_toml(servers: Mapping[str, Any], *, user: str = "local-user") -> str
     return text
 
 
-def client_entry(settings_path: Path, command: str = "preflight-audit") -> dict[str, Any]:
-    """The one ``mcpServers`` entry that starts the gateway on `settings_path`."""
-    return {"command": command, "args": ["gateway", "--config", str(settings_path)]}
+def default_command() -> str:
+    """The absolute path of the ``preflight-audit`` command this Python runs: a desktop client starts it
+    with a bare environment (no venv on its PATH), so a bare name would not be found."""
+    beside = Path(sys.executable).parent / "preflight-audit"
+    if beside.is_file():
+        return str(beside.absolute())
+    found = shutil.which("preflight-audit")
+    if found is None:
+        raise GatewaySettingsError(
+            "preflight-audit is neither beside this Python nor on PATH: install the project (`make venv`)"
+        )
+    return str(Path(found).absolute())
+
+
+def client_entry(settings_path: Path, command: str, env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The one ``mcpServers`` entry that starts the gateway on `settings_path`: `command` (absolute) and the
+    `env` naming the deployment (its broker, data and key directories), so it starts from a bare
+    environment and publishes where the deployment reads."""
+    entry: dict[str, Any] = {"command": command, "args": ["gateway", "--config", str(settings_path)]}
+    if env:
+        entry["env"] = dict(env)
+    return entry
 
 
 def init_gateway(
-    client_config: Path, settings_out: Path, *, command: str = "preflight-audit", user: str = "local-user"
+    client_config: Path,
+    settings_out: Path,
+    *,
+    command: str | None = None,
+    user: str = "local-user",
+    env: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """Write the gateway's settings for `client_config`'s servers to `settings_out` (which must not
     exist) and return the client configuration that points at the gateway instead."""
@@ -100,4 +131,5 @@ def init_gateway(
     text = gateway_toml(servers, user=user)
     settings_out.parent.mkdir(parents=True, exist_ok=True)
     settings_out.write_text(text, encoding="utf-8")
-    return {**data, "mcpServers": {GATEWAY_ENTRY: client_entry(settings_out.resolve(), command)}}
+    entry = client_entry(settings_out.resolve(), command or default_command(), env)
+    return {**data, "mcpServers": {GATEWAY_ENTRY: entry}}

@@ -27,12 +27,16 @@ from pathlib import Path
 from typing import Any, Literal, TextIO
 
 from mcp.server.context import ServerRequestContext
+from mcp.server.lowlevel.server import NotificationOptions
 from mcp.server.stdio import stdio_server
 
+from gateway import health
 from gateway.server import Gateway
+from gateway.sessions import SessionBinding
 from gateway.settings import GatewaySettingsError, SettingsFile, TokenFile
 from gateway.telemetry import GatewayMetrics
 from gateway.upstreams import Upstreams
+from gateway.warm import warm_up
 from preflight import create_preflight
 from preflight.adapters.baseline import BaselineStorage
 from preflight.adapters.kafka import KafkaEventSink
@@ -112,8 +116,17 @@ def user_of_request(tokens: TokenFile) -> Callable[[ServerRequestContext[Any, An
 
 
 def http_app(gateway: Gateway, tokens: TokenFile, *, host: str = "127.0.0.1") -> ASGIApp:
-    """The gateway's streamable-HTTP ASGI app (at ``/mcp``), behind the bearer-token check."""
-    return BearerAuth(gateway.server().streamable_http_app(host=host), tokens)
+    """The gateway's streamable-HTTP ASGI app (at ``/mcp``), behind the bearer-token check, each session
+    bound to the user of the token that opened it (`gateway.sessions.SessionBinding`)."""
+
+    def user_of(scope: Scope) -> str | None:
+        token = _bearer(scope)
+        try:
+            return tokens.user_of(token) if token else None
+        except GatewaySettingsError:
+            return None
+
+    return BearerAuth(SessionBinding(gateway.server().streamable_http_app(host=host), user_of), tokens)
 
 
 async def serve_gateway(
@@ -131,7 +144,8 @@ async def serve_gateway(
         async with stdio_server() as (read, write):
             if started is not None:
                 started("stdio")
-            await server.run(read, write, server.create_initialization_options())
+            options = server.create_initialization_options(NotificationOptions(tools_changed=True))
+            await server.run(read, write, options)
         return
     import uvicorn
 
@@ -172,9 +186,13 @@ async def run_gateway(
     port: int = 8765,
     errlog: TextIO | None = None,
     ops: tuple[str, int] | None = None,
+    private_broker: bool = False,
 ) -> None:
-    """Start the upstreams and serve until cancelled (the caller owns the broker)."""
+    """Start the upstreams and serve until cancelled (the caller owns the broker). `private_broker`: the
+    broker is an embedded one of this process's own, said at start and in ``/readyz``."""
     err = errlog or sys.stderr
+    if private_broker:
+        print(f"preflight gateway: warning: {health.PRIVATE_BROKER_WARNING}", file=err, flush=True)
     settings = SettingsFile(config_path)
     config = settings.current()
     tokens = None
@@ -187,6 +205,8 @@ async def run_gateway(
         who = user_of_request(tokens) if transport == "http" and tokens is not None else None
         gateway = Gateway(settings, upstreams, engine, user_of_request=who, metrics=GatewayMetrics(upstreams.status))
         tools = len(upstreams.tools())
+        warmed = await warm_up(upstreams.tools(), engine.sink)
+        print(f"preflight gateway: warmed up in {warmed * 1000:.0f} ms", file=err, flush=True)
 
         def started(where: str) -> None:
             print(
@@ -198,18 +218,12 @@ async def run_gateway(
 
         with contextlib.ExitStack() as stack:
             if ops is not None:
-                server = stack.enter_context(OpsServer(ops[0], ops[1], gateway.metrics.registry, readiness(upstreams)))
+                ready = readiness(upstreams, private_broker=private_broker)
+                server = stack.enter_context(OpsServer(ops[0], ops[1], gateway.metrics.registry, ready))
                 print(f"preflight gateway: metrics on {server.url}/metrics", file=err, flush=True)
             await serve_gateway(gateway, transport, host=host, port=port, tokens=tokens, started=started)
 
 
-def readiness(upstreams: Upstreams) -> Callable[[], tuple[bool, str]]:
-    """Ready while every upstream is connected (else the reason names the ones that are not)."""
-
-    def ready() -> tuple[bool, str]:
-        down = {name: why for name, why in upstreams.status().items() if why != "connected"}
-        if down:
-            return False, "; ".join(f"upstream {name}: {why}" for name, why in sorted(down.items()))
-        return True, "every upstream is connected"
-
-    return ready
+def readiness(upstreams: Upstreams, *, private_broker: bool = False) -> Callable[[], tuple[bool, str]]:
+    """Ready while every upstream is connected (`gateway.health.readiness`)."""
+    return health.readiness(upstreams.status, private_broker=private_broker)

@@ -12,7 +12,12 @@
    unknown arguments with their schema types (never the proposed values), the user-checklist items, an
    approval, or a restatement of the action; the answers go into the next run of the same action key. A
    declined or cancelled question ends the call with nothing called (the run stays asked-and-unanswered);
-   a client without the elicitation capability gets an ``isError`` result saying what is missing;
+   a client without the elicitation capability gets an ``isError`` result saying what is missing -- or,
+   with ``[gateway] console_url``, the question goes to the console (`gateway.questions`: URL-mode
+   elicitation, or the page's link in the result; the next call takes the answer);
+4a. a call with no answer (a timeout, a closed connection) is ``effect_unknown``; before the next call of
+   that tool it is read back if it can be (`gateway.effects`), and the result's ``_meta`` says which case
+   happened (`EFFECT_META_KEY`);
 5. shadow mode records every decision and forwards every call unchanged, asking nothing.
 
 Each call is counted in `gateway.telemetry.GatewayMetrics` (by outcome, each run by decision and gap
@@ -45,10 +50,14 @@ from mcp.types import (
     Tool,
 )
 
+from gateway.effects import Settled, ask_the_user, keep, restore, settle_first
+from gateway.health import ToolsChanged
+from gateway.questions import ConsoleAsk, answers_of, describe_link, stores
 from gateway.settings import GatewayConfig, GatewaySettingsError, SettingsFile
 from gateway.telemetry import GatewayMetrics
 from gateway.upstreams import Upstreams
 from preflight.adapters.mcp import (
+    Answers,
     GuardedOutcome,
     GuardedSession,
     InstructionMetaError,
@@ -57,6 +66,7 @@ from preflight.adapters.mcp import (
     instruction_from_meta,
 )
 from preflight.api import Preflight
+from preflight.records import ExecutionRecord
 
 __all__ = ["MAX_QUESTIONS", "Gateway", "error_result"]
 
@@ -91,12 +101,16 @@ class Gateway:
         self._user_of_request = user_of_request
         self.metrics = metrics if metrics is not None else GatewayMetrics(upstreams.status)
         self.calls = 0
+        self._restored = False  # the kept unknown effects are restored at the first call (gateway.effects)
+        self.tools_changed = ToolsChanged()  # gateway.health: clients told when an upstream goes or comes
+        upstreams.on_change(self.tools_changed.changed)
 
     # ---- tools/list -------------------------------------------------------------------------------------------
 
     async def list_tools(
         self, ctx: ServerRequestContext[Any, Any], params: PaginatedRequestParams | None
     ) -> ListToolsResult:
+        self.tools_changed.seen(ctx.session)
         return ListToolsResult(tools=await self.upstreams.list_tools())
 
     # ---- tools/call -------------------------------------------------------------------------------------------
@@ -114,6 +128,7 @@ class Gateway:
 
     async def call_tool(self, ctx: ServerRequestContext[Any, Any], params: CallToolRequestParams) -> CallToolResult:
         self.calls += 1
+        self.tools_changed.seen(ctx.session)
         started = time.perf_counter()
         meta = dict(params.meta or {}) if params.meta is not None else {}
         try:
@@ -150,19 +165,96 @@ class Gateway:
             agent_id=agent,
             policy=config.policy_for(user),
             shadow=config.shadow,
-            call_upstream=self.upstreams.call,
+            call_upstream=lambda tool, args, meta: self._forward(
+                tool, args, meta, timeout_s=config.timeout_for(user, tool)
+            ),
             list_upstream=self._listing,
+            admit_reads=True,
+            environment_of=self._environment,
         )
-        ask = self._asker(ctx)
-        return await run_call(guard, name, params.arguments, instruction, ask, self.metrics)
+        console = self._console(ctx, config, user)
+        store = stores(self.settings.path.parent / config.gateway.questions_file)
+        if not self._restored:  # the calls a previous gateway left with an unknown effect hold again
+            self._restored = True
+            restore(store, self.preflight)
+        settled = await settle_first(
+            self.preflight,
+            user,
+            name,
+            readback=config.tool_entry(user, name).readback,
+            call=lambda tool, args: self.upstreams.call(tool, args, {}, timeout_s=config.timeout_for(user, tool)),
+            console=console,
+        )
+        ask = None if console is not None and console.url_elicit is not None else self._asker(ctx)
+        result, how = await run_call(guard, name, params.arguments, instruction, ask, self.metrics, console=console)
+        unsettled = self.preflight.unsettled_effect(user, name)
+        if settled.how == "settled" and settled.record is not None and settled.record.run_ref is not None:
+            store.forget_effect(settled.record.run_ref.run_id)
+        if unsettled is not None:
+            keep(store, unsettled, user, name)
+        result = with_effect(result, how, settled, unsettled, console)
+        return self._named_down(name, result), how
+
+    def _named_down(self, name: str, result: CallToolResult) -> CallToolResult:
+        """`result`, saying which upstream is down when the call of `name` failed or was held for it."""
+        down = self.upstreams.down_owner(name)
+        if down is None or not result.is_error:
+            return result
+        said = f"upstream {down.name!r} is down ({down.error or 'stopped'}); it is being reconnected"
+        return result.model_copy(update={"content": [*result.content, TextContent(type="text", text=said)]})
+
+    async def _forward(
+        self, name: str, arguments: dict[str, Any], meta: dict[str, Any], *, timeout_s: float | None = None
+    ) -> CallToolResult:
+        """An upstream call, timed into ``preflight_gateway_upstream_seconds``."""
+        started = time.perf_counter()
+        try:
+            return await self.upstreams.call(name, arguments, meta, timeout_s=timeout_s)
+        finally:
+            self.metrics.upstream_seconds.observe(time.perf_counter() - started)
 
     async def _listing(self, refresh: bool) -> list[Tool]:
-        return await self.upstreams.list_tools(refresh=refresh)
+        # A down upstream's tools stay known here (not in a client's tools/list): a call of one is judged,
+        # its environment not ready (`_environment`), and recorded as held, named.
+        return await self.upstreams.list_tools(refresh=refresh, include_down=True)
+
+    def _environment(self, name: str) -> dict[str, Any] | None:
+        """§4's environment of a call of `name`: not ready while its upstream is down."""
+        down = self.upstreams.down_owner(name)
+        if down is None:
+            return None
+        return {"status": "upstream_down", "upstream": down.name, "detail": down.error or "stopped"}
+
+    def _console(self, ctx: ServerRequestContext[Any, Any], config: GatewayConfig, user: str) -> ConsoleAsk | None:
+        """Asking in the console (`gateway.questions`), when the settings name one: by URL-mode elicitation
+        when the client offers it (and no form mode, or the settings prefer URL), else by a link."""
+        section = config.gateway
+        if section.console_url is None:
+            return None
+        store = stores(self.settings.path.parent / section.questions_file)
+        params = ctx.session.client_params
+        offered = params.capabilities.elicitation if params is not None else None
+        url_mode = offered is not None and offered.url is not None
+        form_mode = offered is not None and (offered.form is not None or offered.url is None)
+        console = ConsoleAsk(store, section.console_url, user, section.question_ttl_s)
+        if url_mode and (not form_mode or section.elicitation == "url"):
+
+            async def url_elicit(message: str, url: str, elicitation_id: str) -> str:
+                answer = await ctx.session.elicit_url(message, url, elicitation_id, related_request_id=ctx.request_id)
+                return str(answer.action)
+
+            async def complete(elicitation_id: str) -> None:
+                await ctx.session.send_elicit_complete(elicitation_id, related_request_id=ctx.request_id)
+
+            console.url_elicit, console.complete = url_elicit, complete
+        return console
 
     def _asker(self, ctx: ServerRequestContext[Any, Any]) -> Ask | None:
         capable = ctx.session.check_client_capability(ClientCapabilities(elicitation=ElicitationCapability()))
-        if not capable:
-            return None
+        params = ctx.session.client_params
+        offered = params.capabilities.elicitation if params is not None else None
+        if not capable or (offered is not None and offered.form is None and offered.url is not None):
+            return None  # no elicitation, or URL mode only: no form can be shown
 
         async def ask(message: str, schema: dict[str, Any]) -> tuple[str, dict[str, Any] | None]:
             answer = await ctx.session.elicit_form(message, schema, related_request_id=ctx.request_id)
@@ -184,6 +276,49 @@ class Gateway:
         )
 
 
+#: The result ``_meta`` key that says how an unknown effect stands (`gateway.effects`).
+EFFECT_META_KEY = "preflight-audit/effect"
+
+
+def with_effect(
+    result: CallToolResult,
+    how: str,
+    settled: Settled,
+    unsettled: ExecutionRecord | None,
+    console: ConsoleAsk | None,
+) -> CallToolResult:
+    """`result`, saying which case happened to an unknown effect: this call's effect is unknown, an earlier
+    one's was read back before this call, or an earlier one's is still unknown (so this call held)."""
+    notes: dict[str, Any] = {}
+    text = ""
+    if settled.how == "settled" and settled.record is not None:
+        took = settled.record.execution_decision == "executed"
+        notes["read_back"] = {"run_id": _run_id(settled.record), "took_effect": took, "reason": settled.record.reason}
+    if unsettled is not None:
+        notes["unknown"] = {"run_id": _run_id(unsettled), "reason": unsettled.reason}
+        tool = unsettled.fixed.c3_provider_action_name if unsettled.fixed is not None else None
+        link = ask_the_user(console, unsettled, tool) if console is not None and tool is not None else None
+        if how == "effect_unknown":
+            text = " Nothing will call it again until it is known whether it took effect."
+        else:
+            text = f" An earlier call of it may have acted (its effect is unknown: {settled.why or unsettled.reason})."
+        if link is not None:
+            notes["unknown"]["link"] = link
+            text += f" Say whether it took effect at {link}, then call again."
+    if not notes:
+        return result
+    content = list(result.content)
+    if text and result.is_error:
+        first = content[0] if content and isinstance(content[0], TextContent) else None
+        content = [TextContent(type="text", text=(first.text if first else "") + text), *content[1 if first else 0 :]]
+    meta = {**(result.meta or {}), EFFECT_META_KEY: notes}
+    return result.model_copy(update={"content": content, "meta": meta})
+
+
+def _run_id(record: ExecutionRecord) -> str | None:
+    return record.run_ref.run_id if record.run_ref is not None else None
+
+
 def _result_of(outcome: GuardedOutcome) -> CallToolResult:
     if outcome.status in ("executed", "forwarded", "failed") and outcome.result is not None:
         return outcome.result
@@ -199,21 +334,39 @@ async def run_call(
     instruction: list[dict[str, Any]],
     ask: Ask | None,
     metrics: GatewayMetrics | None = None,
+    *,
+    console: ConsoleAsk | None = None,
 ) -> tuple[CallToolResult, str]:
-    """One `tools/call` through the preflight, asking the user (`ask`) until it executes, holds, or the
-    user declines (see the module docstring): its result, and how it ended (a `GatewayMetrics` outcome);
-    each run and each question is counted in `metrics`."""
+    """One `tools/call` through the preflight, asking the user (`ask`, or in the console: `console`) until it
+    executes, holds, or the user declines (see the module docstring): its result, and how it ended (a
+    `GatewayMetrics` outcome); each run and each question is counted in `metrics`."""
     answers: dict[str, Any] = {}
     checklist: dict[str, Any] = {}
     approval: dict[str, Any] | None = None
     tool_attempt = intent_attempt = 0
+    origin = "elicitation"
+    taken = console.taken(name) if console is not None else None
+    if taken is not None:  # the user answered in the console since the last call under this key
+        if taken.state == "declined":
+            text = f"{name}: nothing was called: the user declined the question in the console"
+            return error_result(text), "declined"
+        said = answers_of(taken)
+        if taken.gate == "approval_required" and said.approved is not True:
+            return error_result(f"{name}: nothing was called: the user did not approve it"), "declined"
+        # (a value answered earlier in the same exchange is carried with this answer: `gateway.questions`)
+        answers.update(said.user_answers)
+        checklist.update(said.checklist_answers)
+        approval = {"status": "active", "scope": name} if said.approved is True else None
+        if said.restatement is not None:
+            instruction = [*instruction, {"text": said.restatement, "trust": "user", "origin": "console"}]
+        origin = "console"
     for _ in range(MAX_QUESTIONS + 1):
         outcome = await guard.call_tool(
             name,
             arguments,
             instruction=instruction,
             user_answers=answers,
-            answers_origin="elicitation" if answers else None,
+            answers_origin=origin if answers else None,
             checklist_answers=checklist,
             approval=approval,
             tool_attempt=tool_attempt,
@@ -224,19 +377,40 @@ async def run_call(
         form = elicitation_form(outcome)
         if outcome.status != "asked" or form is None:
             return _result_of(outcome), outcome.status
-        if ask is None:
+        if ask is None and console is not None:
+            try:
+                carried = Answers(answers, checklist, approval is not None)
+                reached = await console.ask(outcome, form, carried)
+            except MCPError as exc:
+                if metrics is not None:
+                    metrics.asked("error")
+                return error_result(f"{outcome.describe()} (The question could not be asked: {exc})"), "asked"
+            if reached.how == "link":
+                return error_result(describe_link(outcome, reached.link)), "asked"
+            if metrics is not None:
+                metrics.asked("accept" if reached.how == "answered" else "decline")
+            if reached.how != "answered":
+                why = {"declined": "the user declined the question", "cancel": "the user did not open the question"}
+                text = why.get(reached.how, "the question expired unanswered")
+                return error_result(f"{name}: nothing was called: {text}"), "declined"
+            content = reached.question.answer
+            origin = "console"
+        elif ask is None:
             text = outcome.describe() + " (This client cannot be asked: it has no elicitation capability.)"
             return error_result(text), "asked"
-        try:
-            action, content = await ask(*form)
-        except MCPError as exc:
+        else:
+            try:
+                action, content = await ask(*form)
+            except MCPError as exc:
+                if metrics is not None:
+                    metrics.asked("error")
+                return error_result(f"{outcome.describe()} (The question could not be asked: {exc})"), "asked"
             if metrics is not None:
-                metrics.asked("error")
-            return error_result(f"{outcome.describe()} (The question could not be asked: {exc})"), "asked"
-        if metrics is not None:
-            metrics.asked(action)
-        if action != "accept":
-            return error_result(f"{name}: nothing was called: the user {action}d the question"), "declined"
+                metrics.asked(action)
+            if action != "accept":
+                said_no = {"decline": "declined", "cancel": "cancelled"}.get(action, f"answered {action!r} to")
+                return error_result(f"{name}: nothing was called: the user {said_no} the question"), "declined"
+            origin = "elicitation"
         said = answers_from_form(outcome, content)
         answers.update(said.user_answers)
         checklist.update(said.checklist_answers)
@@ -248,7 +422,7 @@ async def run_call(
         elif outcome.gate in ("tool_undetermined", "intent_undetermined"):
             if said.restatement is None:
                 return error_result(f"{name}: nothing was called: no restatement was given"), "declined"
-            instruction = [*instruction, {"text": said.restatement, "trust": "user", "origin": "elicitation"}]
+            instruction = [*instruction, {"text": said.restatement, "trust": "user", "origin": origin}]
             gate = state.gate if state is not None else None
             tool_attempt = getattr(gate, "next_tool_attempt", None) or tool_attempt
             intent_attempt = getattr(gate, "next_intent_attempt", None) or intent_attempt

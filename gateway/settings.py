@@ -5,6 +5,10 @@
 mode = "enforce"            # or "shadow": record every decision, forward every call unchanged
 user = "u_01"               # the user whose calls arrive over stdio (HTTP: the bearer token's user)
 tokens_file = "tokens"      # HTTP only: lines "user:token" (tokens of 16 characters or more; # comments)
+console_url = "http://127.0.0.1:8000"   # ask in the console where the client cannot ask (gateway.questions)
+questions_file = "questions.sqlite"     # the questions store the console shares (relative to this file)
+question_ttl_s = 600                    # a question expires after this
+elicitation = "form"        # a client offering form and URL elicitation gets this one ("url": the console)
 
 [servers.git]               # an upstream over stdio ...
 command = "mcp-server-git"
@@ -20,6 +24,15 @@ approved = true             # a standing approval (a tool that is not read-only 
 pre_set = { repo_path = "/home/me/repo" }   # values set in advance
 inherit = ["repo_path"]     # arguments a later call may take from the last executed one
 checklist = [{ id = "clean", description = "the working tree is clean" }]
+read_only = false           # true: named read-only (admitted, not preflighted; SPEC §2.7), unless the tool
+                            # itself says it is not read-only
+full_preflight = false      # true: a read-only tool judged by the full preflight, like a write
+allow_undeclared = false    # true: arguments its `properties` does not declare are passed on (else refused)
+timeout_s = 30              # no answer by then: the effect is unknown (default [gateway] call_timeout_s = 60)
+[tools.git_create_branch.readback]   # how a call whose effect is unknown is read back (gateway.effects)
+tool = "git_branch"
+arguments = { repo_path = "{repo_path}", branch_type = "local" }
+took_effect_if = "(?m)^[* ]*{branch_name}$"
 
 [users.u_02.tools.git_create_branch]        # one user's settings for a tool, over [tools.*] key by key
 pre_set = { repo_path = "/home/u2/repo" }
@@ -43,6 +56,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from preflight.adapters.mcp import CallPolicy, ToolPolicy
+from preflight.tokens import MIN_TOKEN_LENGTH, TokenListError, one_holder_per_token, token_entries
 
 __all__ = ["GatewayConfig", "GatewaySettingsError", "ServerEntry", "SettingsFile", "TokenFile"]
 
@@ -79,14 +93,31 @@ class ChecklistItem(BaseModel):
     description: str | None = None
 
 
+class ReadBackEntry(BaseModel):
+    """How a call whose effect is unknown is read back (`gateway.effects`): a read-only tool, its arguments
+    (``{name}`` is replaced by the unknown call's argument `name`), and a regular expression (placeholders
+    filled in, escaped) whose match in the tool's text means "took effect"; no match means "did not"."""
+
+    model_config = _STRICT
+
+    tool: str = Field(min_length=1)
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    took_effect_if: str = Field(min_length=1)
+
+
 class ToolEntry(BaseModel):
     model_config = _STRICT
 
+    timeout_s: float | None = Field(None, gt=0, le=86_400)
+    readback: ReadBackEntry | None = None
     action: str | None = Field(None, min_length=1)
     approved: bool | None = None
     pre_set: dict[str, Any] | None = None
     inherit: list[str] | None = None
     checklist: list[ChecklistItem] | None = None
+    read_only: bool | None = None
+    full_preflight: bool | None = None
+    allow_undeclared: bool | None = None
 
 
 class UserEntry(BaseModel):
@@ -101,6 +132,14 @@ class GatewaySection(BaseModel):
     mode: Literal["enforce", "shadow"] = "enforce"
     user: str = Field("local-user", min_length=1)
     tokens_file: str | None = None
+    # Asking in the console (gateway.questions): where the console is, the questions store (a SQLite file,
+    # relative to this file), how long a question stays open, and which mode a client offering both gets.
+    console_url: str | None = Field(None, pattern=r"^https?://")
+    questions_file: str = Field("questions.sqlite", min_length=1)
+    question_ttl_s: float = Field(600.0, gt=0, le=86_400)
+    elicitation: Literal["form", "url"] = "form"
+    # A call with no answer after this long (a tool's own `timeout_s` first) has an unknown effect.
+    call_timeout_s: float = Field(60.0, gt=0, le=86_400)
 
 
 class GatewayConfig(BaseModel):
@@ -117,6 +156,21 @@ class GatewayConfig(BaseModel):
     def shadow(self) -> bool:
         return self.gateway.mode == "shadow"
 
+    def tool_entry(self, user: str, tool: str) -> ToolEntry:
+        """``[users.<user>.tools.<tool>]`` over ``[tools.<tool>]``, key by key."""
+        mine = self.users.get(user, UserEntry()).tools.get(tool, ToolEntry())
+        return ToolEntry.model_validate(
+            {
+                **self.tools.get(tool, ToolEntry()).model_dump(exclude_none=True),
+                **mine.model_dump(exclude_none=True),
+            }
+        )
+
+    def timeout_for(self, user: str, tool: str) -> float:
+        """How long a call of `tool` may go unanswered before its effect is unknown."""
+        own = self.tool_entry(user, tool).timeout_s
+        return own if own is not None else self.gateway.call_timeout_s
+
     def policy_for(self, user: str) -> CallPolicy:
         """Every tool's policy for `user`: ``[users.<user>.tools.<tool>]`` over ``[tools.<tool>]``, key by key."""
         mine = self.users.get(user, UserEntry()).tools
@@ -132,6 +186,9 @@ class GatewayConfig(BaseModel):
                 checklist=tuple(merged.get("checklist", ())),
                 approved=bool(merged.get("approved", False)),
                 inherit=frozenset(merged.get("inherit", ())),
+                read_only=bool(merged.get("read_only", False)),
+                full_preflight=bool(merged.get("full_preflight", False)),
+                allow_undeclared=bool(merged.get("allow_undeclared", False)),
             )
         return CallPolicy(tools)
 
@@ -199,9 +256,11 @@ class SettingsFile:
 
 class TokenFile:
     """Bearer tokens for the streamable-HTTP gateway: lines ``user:token`` (``#`` comments), reloaded when
-    the file changes; tokens are compared with `hmac.compare_digest`."""
+    the file changes; tokens are compared with `hmac.compare_digest`. Read by the API's parser
+    (`preflight.tokens`): a token of fewer than 16 characters, or one token given to two users, is refused
+    by name, and a file that is refused admits nobody until it is fixed."""
 
-    MIN_LENGTH = 16
+    MIN_LENGTH = MIN_TOKEN_LENGTH
 
     def __init__(self, path: Path) -> None:
         self._watch = _Watched(Path(path))
@@ -211,18 +270,19 @@ class TokenFile:
     def _load(self) -> None:
         if not self._watch.changed():
             return
-        tokens = []
-        for number, line in enumerate(self._watch.path.read_text(encoding="utf-8").splitlines(), 1):
-            line = line.strip()
-            if not line or line.startswith("#"):
-                continue
-            user, sep, token = line.partition(":")
-            if not sep or not user.strip() or len(token.strip()) < self.MIN_LENGTH:
-                raise GatewaySettingsError(
-                    f"{self._watch.path}:{number}: expected user:token with a token of {self.MIN_LENGTH}+ characters"
-                )
-            tokens.append((user.strip(), token.strip().encode()))
-        self._tokens = tokens
+        where = f"the gateway tokens file {self._watch.path}"
+        try:
+            text = self._watch.path.read_text(encoding="utf-8")
+            holders = one_holder_per_token(token_entries(text, where, kind="user"), kind="user", what="gateway token")
+        except TokenListError as exc:
+            self._watch.forget()  # refused until fixed, not silently the old tokens
+            self._tokens = []
+            raise GatewaySettingsError(str(exc)) from None
+        except (OSError, UnicodeDecodeError) as exc:
+            self._watch.forget()
+            self._tokens = []
+            raise GatewaySettingsError(f"{where} cannot be read: {exc}") from exc
+        self._tokens = [(user, token.encode()) for token, user in holders.items()]
 
     def user_of(self, token: str) -> str | None:
         """The user whose token this is, or None."""

@@ -14,6 +14,8 @@
 * ``preflight_gateway_elicitations_total{action}`` (counter): questions asked through elicitation, by the
   user's ``accept`` / ``decline`` / ``cancel`` (``error``: it could not be asked);
 * ``preflight_gateway_upstream_up{upstream}`` (gauge): 1 while the upstream is connected, else 0;
+* ``preflight_gateway_upstream_seconds`` (histogram): how long upstreams took to answer forwarded calls, so
+  that a call's time splits into the upstream's and the gateway's own (`bench/gateway_latency.py`);
 * ``preflight_publish_ack_seconds{topic, outcome}`` (histogram): the event sink's publish-acknowledgement
   latency (`preflight.adapters.ops`).
 
@@ -82,6 +84,12 @@ class GatewayMetrics:
             ["action"],
             registry=self.registry,
         )
+        self.upstream_seconds = Histogram(
+            "preflight_gateway_upstream_seconds",
+            "seconds an upstream took to answer a forwarded tools/call (the part of a call that is not the gateway's)",
+            buckets=_CALL_BUCKETS,
+            registry=self.registry,
+        )
         if upstream_status is not None:
             self.registry.register(_Upstreams(upstream_status))
         self.registry.register(PUBLISH_ACK_SECONDS)
@@ -90,7 +98,7 @@ class GatewayMetrics:
         """Count one recorded run (its first decision: ``execute``, ``ask_user``, ``hold``, ...)."""
         gap = next((g for e in state.run_events if isinstance(g := getattr(e, "gap_class", None), str)), None)
         decision = state.execution_decision
-        if decision in ("executed", "failed"):
+        if decision in ("executed", "failed", "effect_unknown"):
             decision = "execute"
         self.decisions.labels(decision=decision, gap_class=gap or "none").inc()
 

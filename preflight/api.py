@@ -19,7 +19,7 @@ import os
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -27,9 +27,9 @@ from pydantic import ValidationError
 
 from preflight.admission import ContractInput
 from preflight.arguments import call_arguments
-from preflight.emit import Sign, outcome_event, rebuild_record, run_events
+from preflight.emit import Sign, outcome_event, read_back_event, rebuild_record, run_events
 from preflight.engine import Decided, backstop, decide, execution_refused, invalid_input, started_summary, validate_tool
-from preflight.errors import ChainError, ConstructionError, RecordingError
+from preflight.errors import ChainError, ConstructionError, RecordingError, effect_unknown_cause
 from preflight.events import Envelope, ExecutionApproved, PreflightEvent, digest, verify_run
 from preflight.hooks import ALL_HOOKS, CALL_SUCCEEDED, DEFAULT_HOOKS, REQUIRED_HOOKS, UNSAFE_DEFAULT_HOOKS, Hook, call
 from preflight.inputs import PreflightInput
@@ -75,7 +75,7 @@ class ExecutionOutcome:
     `ExecutionGate` naming the decision and the `code` of the refusal); `code` is that code.
     """
 
-    status: Literal["executed", "failed", "held"]
+    status: Literal["executed", "failed", "held", "effect_unknown"]
     state: ExecutionRecord
     result: Any = None
     error: BaseException | None = None
@@ -127,6 +127,12 @@ class Preflight:
         # decisions not yet acted on, each with the digest of the record as it was recorded.
         self._recorded: BoundedSet = BoundedSet(RECENT_RUNS)
         self._executable: OrderedDict[str, str] = OrderedDict()
+        #: Per action key, the call whose effect is unknown and not yet read back (SPEC §2.7): while it is
+        #: here, a run of that key that would execute holds (`timed_out_without_readback`; judged with
+        #: ``require_approval=True``).
+        self.unsettled: dict[str, ExecutionRecord] = {}
+        if admission is not None:
+            admission.unsettled = self._unsettled_record
 
     # ---- deciding ----------------------------------------------------------------------------------
 
@@ -203,6 +209,11 @@ class Preflight:
         # protector) makes its field unknown: never inherited, never handed to a tool sealed.
         return baseline_view(record, self._protector)
 
+    def _unsettled_record(self, action_key: str) -> str | None:
+        """The run id of `action_key`'s unsettled unknown effect (None: none)."""
+        record = self.unsettled.get(action_key)
+        return record.run_ref.run_id if record is not None and record.run_ref is not None else None
+
     def _sealer(self, user_id: str | None, run_id: str) -> RunSealer | None:
         """The run's sealer in a protected engine (None otherwise). Raises `KeyStoreError`."""
         return self._protector.sealer(user_id, run_id) if self._protector is not None else None
@@ -253,6 +264,39 @@ class Preflight:
                 self._executable.popitem(last=False)
         return state
 
+    async def admit_read(self, input: Any, *, named_read_only: bool = False) -> ExecutionRecord:
+        """Decide a read-only call by admission alone (SPEC §2.7, `preflight.reads.decide_read`) and record
+        it: ``execute`` with the model's arguments, or a named ``hold``. Unkeyed: never a baseline.
+
+        :raises ValueError: the tool is not judged read-only (it goes through `run_and_record`)."""
+        from preflight.reads import decide_read
+
+        return await self._record_unkeyed(
+            input, lambda inp: decide_read(inp, self._clock, named_read_only=named_read_only)
+        )
+
+    async def record_forward(self, input: Any, *, reason: str) -> ExecutionRecord:
+        """Record a call forwarded unchanged in shadow mode (`preflight.reads.decide_forward`): an unkeyed
+        ``execute`` with the model's arguments, so `execute_if_ready` records its outcome, never a baseline."""
+        from preflight.reads import decide_forward
+
+        return await self._record_unkeyed(input, lambda inp: decide_forward(inp, self._clock, reason=reason))
+
+    async def _record_unkeyed(self, input: Any, decide_it: Callable[[PreflightInput], Decided]) -> ExecutionRecord:
+        with run_span(input) as span:
+            user_id, agent_id = _ids(input)
+            run_id = new_id()
+            sealer = self._sealer(user_id, run_id)
+            try:
+                inp = input if isinstance(input, PreflightInput) else PreflightInput.model_validate(input)
+            except ValidationError as exc:
+                decided = invalid_input(input, exc, self._clock())
+            else:
+                decided = decide_it(inp)
+            state = self._emit(decided, user_id, agent_id, run_id=run_id, sealer=sealer)
+            span.record(state, gap_class=decided.trace.gap_class, gate=decided.trace.gate_name)
+        return await self.record(state)
+
     async def run_and_record(self, input: Any) -> ExecutionRecord:
         """`run` then `record`, as a pair, so nothing goes unrecorded."""
         return await self.record(await self.run(input))
@@ -291,10 +335,13 @@ class Preflight:
         else:
             error = tool_error(result)  # an MCP error result is a failed call, never an execution
         checked = None if error is not None else output_check(structured_content(result), _output_schema(tool))
+        cause = effect_unknown_cause(error)
         suffix = CALL_SUCCEEDED if error is None else f"call failed: {type(error).__name__}: {error}"
+        if cause is not None:
+            suffix = f"effect unknown ({cause}): {type(error).__name__}: {error}"
         final = state.model_copy(
             update={
-                "execution_decision": "executed" if error is None else "failed",
+                "execution_decision": "executed" if error is None else "effect_unknown" if cause else "failed",
                 "reason": f"{state.reason} / {suffix}",
                 "timestamp": self._clock(),
             }
@@ -320,12 +367,14 @@ class Preflight:
             ref.model_copy(update={"last_hash": event.hash, "next_seq": ref.next_seq + 1}), (*events, event)
         )
         outcome = ExecutionOutcome(
-            status="executed" if error is None else "failed",
+            status="executed" if error is None else "effect_unknown" if cause else "failed",
             state=final,
             result=result,
             error=error,
             reason=suffix,
         )
+        if cause is not None and final.action_key is not None:
+            self.unsettled[final.action_key] = final  # before publishing: held even if recording fails
         try:
             await self.sink.publish([event])
             await self.storage.persist(final.storage_key, self._durable(final))
@@ -335,6 +384,86 @@ class Preflight:
                 outcome,
             ) from exc
         return outcome
+
+    def restore_unsettled(self, events: Sequence[PreflightEvent]) -> ExecutionRecord:
+        """Hold again a run whose call's effect is unknown, from its events (kept by the caller across a
+        restart): its chain is verified and it must end in `effect_unknown` (`ValueError` otherwise)."""
+        record = rebuild_record(events, opener=self._protector)
+        if record.execution_decision != "effect_unknown" or record.action_key is None:
+            raise ValueError(f"run {record.run_ref.run_id if record.run_ref else '?'} has no unknown effect to hold")
+        self.unsettled[record.action_key] = record
+        return record
+
+    def unsettled_effect(self, user_id: str | None, tool_name: str) -> ExecutionRecord | None:
+        """This engine's unsettled `effect_unknown` record of `user_id`'s `tool_name`, if any."""
+        for record in self.unsettled.values():
+            first = record.run_events[0] if record.run_events else None
+            if (
+                record.fixed is not None
+                and record.fixed.c3_provider_action_name == tool_name
+                and getattr(first, "user_id", None) == user_id
+            ):
+                return record
+        return None
+
+    async def settle_effect(
+        self,
+        state: ExecutionRecord,
+        *,
+        took_effect: bool,
+        basis: Literal["readback_tool", "user"],
+        reason: str,
+        readback_tool: str | None = None,
+        readback_result: Any = None,
+    ) -> ExecutionRecord:
+        """Record what settled `state`'s unknown effect (SPEC §2.7): a read-only tool's result the settings
+        map to "took effect" or "did not" (`basis` ``readback_tool``), or the user's word (``user``).
+
+        The run is then ``executed`` (it took effect: a baseline, its fields' origins kept) or ``failed``,
+        and its action key no longer holds. Raises `RecordingError` if the read-back cannot be recorded (the
+        key keeps holding) and `ValueError` for a state whose effect is not unknown."""
+        ref = state.run_ref
+        if state.execution_decision != "effect_unknown" or ref is None or not state.run_events:
+            raise ValueError("only a recorded effect_unknown outcome can be settled")
+        first = state.run_events[0]
+        sealer = self._sealer(first.user_id, ref.run_id)
+        words = "took effect" if took_effect else "did not take effect"
+        text = f"{state.reason} / read back ({basis}): {words}: {reason}"
+        event = read_back_event(
+            state,
+            ref,
+            took_effect=took_effect,
+            basis=basis,
+            readback_tool=readback_tool,
+            readback_result=readback_result,
+            reason=text,
+            timestamp=self._clock(),
+            user_id=first.user_id,
+            agent_id=first.agent_id,
+            clock=self._clock,
+            new_id=new_id,
+            sealer=sealer,
+        )
+        if sealer is not None:
+            sealer.close()
+        final = state.model_copy(
+            update={
+                "execution_decision": "executed" if took_effect else "failed",
+                "reason": text,
+                "timestamp": event.timestamp,  # type: ignore[union-attr]
+            }
+        ).with_run_ref(
+            ref.model_copy(update={"last_hash": event.hash, "next_seq": ref.next_seq + 1}),
+            (*state.run_events, event),
+        )
+        try:
+            await self.sink.publish([event])
+            await self.storage.persist(final.storage_key, self._durable(final))
+        except Exception as exc:
+            raise RecordingError(f"the read-back could not be recorded: {exc}") from exc
+        if state.action_key is not None and self.unsettled.get(state.action_key) is state:
+            del self.unsettled[state.action_key]
+        return final
 
     async def _claim(self, signed: SignedDecision) -> Refusal | None:
         """Claim the decision in the replay store; a refusal if it is not this engine's to act on."""

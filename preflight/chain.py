@@ -17,7 +17,8 @@ property tests (`tests/unit/test_native_decode.py`).
 **The chain.** A run's events, in `seq` order, are numbered 0, 1, ... (`seq_gap`); each links to the one
 before by its `prev_hash` (the first to 64 zeros; `broken_link`); one `run_closed` states the run's event
 count and its own `prev_hash` as the last hash (`close_mismatch`); after it comes at most one outcome,
-`executed` or `execution_failed` (`event_after_close`); a run without a `run_closed` is truncated
+`executed`, `execution_failed` or `effect_unknown`, and after an `effect_unknown` at most its
+`effect_read_back` (`event_after_close`); a run without a `run_closed` is truncated
 (`unclosed_run`). `RunCursor` follows one run event by event and names each fault where the chain breaks;
 everything else is built on it: `verify_run` (raises `ChainError` at the first fault, hashes included) and
 `message_problem` (the transport's rule for one Kafka message: a whole run, `run_started` to `run_closed`,
@@ -46,6 +47,8 @@ except ImportError:  # pragma: no cover - a machine without the Rust toolchain
 __all__ = [
     "GENESIS_HASH",
     "LEGACY_HASH_VERSIONS",
+    "OUTCOME_EVENT_TYPES",
+    "READ_BACK_EVENT_TYPE",
     "TAIL_EVENT_TYPES",
     "ChainFault",
     "Fault",
@@ -63,7 +66,11 @@ __all__ = [
 ]
 
 GENESIS_HASH = "0" * 64
-TAIL_EVENT_TYPES = frozenset({"executed", "execution_failed"})
+#: What may follow a run's close: one outcome ...
+OUTCOME_EVENT_TYPES = frozenset({"executed", "execution_failed", "effect_unknown"})
+#: ... and, after an `effect_unknown` outcome only, the read-back that settles it.
+READ_BACK_EVENT_TYPE = "effect_read_back"
+TAIL_EVENT_TYPES = OUTCOME_EVENT_TYPES | {READ_BACK_EVENT_TYPE}
 
 ChainFault = Literal["seq_gap", "broken_link", "close_mismatch", "event_after_close", "unclosed_run"]
 
@@ -374,7 +381,13 @@ class RunCursor:
         if prev_hash != self.last_hash:
             faults.append(Fault("broken_link", seq, event_type, "prev_hash does not link to the previous event"))
         if self.closed:
-            if position != self.closed_at + 1 or event_type not in TAIL_EVENT_TYPES or self.outcome:
+            read_back = (
+                event_type == READ_BACK_EVENT_TYPE
+                and position == self.closed_at + 2
+                and self.last_type == "effect_unknown"
+            )
+            first = position == self.closed_at + 1 and event_type in OUTCOME_EVENT_TYPES and not self.outcome
+            if not (first or read_back):
                 faults.append(Fault("event_after_close", seq, event_type, "event after run_closed"))
             self.outcome = True
         elif event_type == "run_closed":

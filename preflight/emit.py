@@ -14,11 +14,13 @@ from typing import Any
 
 from preflight.arguments import call_arguments
 from preflight.engine import Decided
-from preflight.errors import ChainError
+from preflight.errors import ChainError, effect_unknown_cause
 from preflight.events import (
     GENESIS_HASH,
     AdmissionAssessed,
     ChecklistItemVerified,
+    EffectReadBack,
+    EffectUnknown,
     Envelope,
     Executed,
     ExecutionApproved,
@@ -219,8 +221,53 @@ def outcome_event(
             body["structured_content_digest"] = _result_digest(content, sealer)
         if checked is not None:
             body["output_check"] = checked
+    elif (cause := effect_unknown_cause(error)) is not None:
+        body.update(event_type="effect_unknown", cause=cause, error_type=type(error).__name__, error=str(error))
     else:
         body.update(event_type="execution_failed", error_type=type(error).__name__, error=str(error))
+    if sealer is not None:
+        body = sealer.payload(body["event_type"], body)
+    return seal(body)
+
+
+def read_back_event(
+    state: ExecutionRecord,
+    ref: RunRef,
+    *,
+    took_effect: bool,
+    basis: str,
+    readback_tool: str | None,
+    readback_result: Any,
+    reason: str,
+    timestamp: str,
+    user_id: str | None,
+    agent_id: str | None,
+    clock: Callable[[], str],
+    new_id: Callable[[], str],
+    sealer: RunSealer | None = None,
+) -> PreflightEvent:
+    """The `effect_read_back` event that settles a run's `effect_unknown` (the next link of its chain)."""
+    assert ref.decision_id is not None and ref.arguments_digest is not None and state.fixed is not None
+    body: dict[str, Any] = {
+        "event_type": "effect_read_back",
+        "event_id": new_id(),
+        "run_id": ref.run_id,
+        "seq": ref.next_seq,
+        "prev_hash": ref.last_hash,
+        "occurred_at": clock(),
+        "action_key": state.action_key,
+        "user_id": user_id,
+        "agent_id": agent_id,
+        "decision_id": ref.decision_id,
+        "tool_name": state.fixed.c3_provider_action_name,
+        "arguments_digest": ref.arguments_digest,
+        "took_effect": took_effect,
+        "basis": basis,
+        "readback_tool": readback_tool,
+        "readback_result_digest": None if readback_result is None else _result_digest(readback_result, sealer),
+        "reason": reason,
+        "timestamp": timestamp,
+    }
     if sealer is not None:
         body = sealer.payload(body["event_type"], body)
     return seal(body)
@@ -325,5 +372,15 @@ def rebuild_record(
         data["execution_decision"] = "executed" if tail.event_type == "executed" else "failed"
         data["reason"] = tail.reason
         data["timestamp"] = tail.timestamp
+    unknown: list[EffectUnknown] = by_type.get("effect_unknown", [])
+    read_back: list[EffectReadBack] = by_type.get("effect_read_back", [])
+    if unknown and not tails:
+        # Unknown until read back; then executed if it took effect (its fields' origins kept), else failed.
+        settled = read_back[0] if read_back else None
+        data["execution_decision"] = (
+            "effect_unknown" if settled is None else "executed" if settled.took_effect else "failed"
+        )
+        data["reason"] = (settled or unknown[0]).reason
+        data["timestamp"] = (settled or unknown[0]).timestamp
     record = ExecutionRecord.model_validate(data).with_run_ref(ref, tuple(ordered))
     return record if opener is None else open_record(record, opener)

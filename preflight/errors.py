@@ -85,3 +85,23 @@ class UnknownKey(ProtectionError):
 class TamperedValue(ProtectionError):
     """A sealed value does not open under its key, run and slot: it was altered, moved to another slot
     or run, or is not a sealed value at all. An integrity fault: keep the event and investigate."""
+
+
+class EffectUnknownError(PreflightError):
+    """A tool call ended without an answer that says what it did: it timed out (`cause` ``timeout``) or its
+    connection closed first (``connection_closed``). It may have acted: `execute_if_ready` records
+    ``effect_unknown`` (never ``failed``), and the action key holds until a read-back settles it
+    (`Preflight.settle_effect`). Raised by the adapter that makes the call (`preflight.adapters.mcp`)."""
+
+    def __init__(self, message: str, cause: str = "timeout") -> None:
+        super().__init__(message)
+        self.cause = cause if cause in ("timeout", "connection_closed") else "timeout"
+
+
+def effect_unknown_cause(error: BaseException | None) -> str | None:
+    """``timeout`` or ``connection_closed`` when `error` leaves a call's effect unknown, else None."""
+    if isinstance(error, EffectUnknownError):
+        return error.cause
+    if isinstance(error, TimeoutError):
+        return "timeout"
+    return None

@@ -4,7 +4,8 @@ One topic carries all preflight events, keyed by `action_key` (`__preflight_unke
 has none) so a key's events stay in order. Within a run, events are numbered by `seq` from 0 and
 each event's `hash` covers its content and the previous event's hash; the run's `run_closed` event
 states how many events the run has and the hash before it, so a missing, altered or reordered event
-is detectable. `executed` / `execution_failed` extend the chain after the close.
+is detectable. `executed` / `execution_failed` / `effect_unknown` extend the chain after the close, and an
+`effect_read_back` the `effect_unknown` it settles.
 """
 
 from __future__ import annotations
@@ -232,6 +233,25 @@ class ExecutionApproved(Envelope):
     signature: DecisionSignature | None = Field(default=None, exclude_if=lambda value: value is None)
 
 
+class ClosedRecord(BaseModel):
+    """What `run_closed.record` holds: the record's scalars that no other event of the run carries (the rest
+    of the record is rebuilt from the run's events, `preflight.emit.rebuild_record`).
+
+    The contract's shape of that member (`preflight.contract`); `RunClosed.record` stays a plain mapping so
+    that an event's hashed bytes are exactly what its producer wrote."""
+
+    model_config = _EVENT_CONFIG
+
+    schema_version: str
+    advisory_notes: str
+    unknown_count: int | None = Field(ge=0)
+    unverified_checklist_count: int | None = Field(ge=0)
+    #: False: the run never got as far as computing its fields (the record's `fields` is null, never []).
+    fields_computed: bool
+    reason: str
+    timestamp: str
+
+
 class RunClosed(Envelope):
     """The run's last decision event: final decision, how many events it has, the hash before it."""
 
@@ -275,6 +295,40 @@ class ExecutionFailed(Envelope):
     timestamp: str
 
 
+class EffectUnknown(Envelope):
+    """The call may have acted, and nobody knows (SPEC §2.7): it timed out (`cause` ``timeout``) or its
+    connection closed before it answered (``connection_closed``). Never `failed`, never a baseline; the next
+    run of the action key holds (``timed_out_without_readback``) until an `EffectReadBack` settles it."""
+
+    event_type: Literal["effect_unknown"] = "effect_unknown"
+    decision_id: str
+    tool_name: str
+    arguments_digest: str
+    cause: Literal["timeout", "connection_closed"]
+    error_type: str
+    error: str
+    reason: str
+    timestamp: str
+
+
+class EffectReadBack(Envelope):
+    """What settled an unknown effect: whether the call `took_effect`, read back by a read-only tool the
+    settings name (`basis` ``readback_tool``: `readback_tool`, and the digest of its result) or said by the
+    user (``user``). It follows the run's `EffectUnknown`; a run that took effect then counts as executed,
+    its fields' origins kept."""
+
+    event_type: Literal["effect_read_back"] = "effect_read_back"
+    decision_id: str
+    tool_name: str
+    arguments_digest: str
+    took_effect: bool
+    basis: Literal["readback_tool", "user"]
+    readback_tool: str | None
+    readback_result_digest: str | None
+    reason: str
+    timestamp: str
+
+
 PreflightEvent = Annotated[
     RunStarted
     | FixedChecklistResolved
@@ -287,7 +341,9 @@ PreflightEvent = Annotated[
     | ExecutionApproved
     | RunClosed
     | Executed
-    | ExecutionFailed,
+    | ExecutionFailed
+    | EffectUnknown
+    | EffectReadBack,
     Field(discriminator="event_type"),
 ]
 EVENT_ADAPTER: TypeAdapter[PreflightEvent] = TypeAdapter(PreflightEvent)
@@ -306,6 +362,8 @@ EVENT_TYPES: frozenset[str] = frozenset(
         RunClosed,
         Executed,
         ExecutionFailed,
+        EffectUnknown,
+        EffectReadBack,
     )
 )
 

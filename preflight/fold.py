@@ -1,10 +1,15 @@
 """The fold: per-`action_key` state from the event log, and the executed-only baseline (SPEC §6).
 
 `evolve(state, message, position)` is a pure function. A message is what the transport carries: a
-whole run (its events from seq 0 to `run_closed`) or a run's tail (`executed` / `execution_failed`).
-Only an `executed` tail for a run whose closed decision was `execute`, with an intact chain, moves
-the baseline. Everything else that is wrong is an anomaly: the state does not change and the caller
-routes the message to the dead-letter topic with the reason.
+whole run (its events from seq 0 to `run_closed`) or a run's tail (`executed` / `execution_failed` /
+`effect_unknown`, and after an `effect_unknown` its `effect_read_back`). Only an `executed` tail for a run
+whose closed decision was `execute`, with an intact chain, moves the baseline -- or the read-back of an
+`effect_unknown` that says the call took effect (the run then counts as executed, its origins kept). An
+`effect_unknown` run waits, counted in ``effect_unknown`` until it is read back; it is never `failed`.
+An unkeyed run (a read admitted without a preflight) is never a baseline. Each run and outcome gets the
+consumers' shared verdict (`preflight.verdict`), which the projector applies too: what it refuses is an
+anomaly under the same code (`Folded.code`). Everything else that is wrong is an anomaly too: the state
+does not change and the caller routes the message to the dead-letter topic with the reason.
 
 An outcome must also match the run's approved decision: the same `decision_id`, tool and arguments
 digest. A fold given a `DecisionVerifier` (the trusted public keys of the engines that sign decisions)
@@ -29,13 +34,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from preflight.chain import TAIL_EVENT_TYPES, hash_matches, message_problem
+from preflight.chain import READ_BACK_EVENT_TYPE, TAIL_EVENT_TYPES, hash_matches, message_problem
 from preflight.emit import rebuild_record
 from preflight.errors import ChainError, EventDecodeError
 from preflight.events import EVENT_TYPES, SUPPORTED_EVENT_VERSIONS, decode_event
 from preflight.records import UNKEYED_RECORD_KEY, ExecutionRecord, RunRef
 from preflight.shapes import conforms
 from preflight.signing import DecisionVerifier, SignedDecision, parse_time
+from preflight.verdict import Problem, event_problem, run_problem
 
 #: Runs a key remembers (with their event ids): the runs still awaiting an outcome, and enough of the
 #: past to recognise a retried run, a second outcome or a reused event id. A run takes the slot
@@ -78,6 +84,8 @@ class Folded:
     #: The run slot this message wrote, if any.
     slot: int | None = None
     parts: tuple[tuple[str, Any], ...] = ()
+    #: An anomaly's dead-letter code where the fold names it: the projector's for the same defect.
+    code: str | None = None
 
 
 def initial_state(action_key: str) -> dict[str, Any]:
@@ -85,7 +93,14 @@ def initial_state(action_key: str) -> dict[str, Any]:
         "action_key": action_key,
         "partition": None,
         "applied_offset": -1,
-        "counts": {"runs": 0, **{d: 0 for d in DECISIONS}, "executed": 0, "failed": 0, "duplicates": 0},
+        "counts": {
+            "runs": 0,
+            **{d: 0 for d in DECISIONS},
+            "executed": 0,
+            "failed": 0,
+            "effect_unknown": 0,
+            "duplicates": 0,
+        },
         "runs_seen": 0,
         "baseline": None,
         "runs": {},
@@ -93,8 +108,15 @@ def initial_state(action_key: str) -> dict[str, Any]:
     }
 
 
-def _anomaly(state: dict[str, Any], reason: str) -> Folded:
-    return Folded(state, "anomaly", reason)
+def _anomaly(state: dict[str, Any], reason: str, code: str | None = None) -> Folded:
+    """An anomaly, with the projector's dead-letter code for the same defect where the fold knows it (else
+    `streams.batch.dead_letter_code` reads one from the reason)."""
+    return Folded(state, "anomaly", reason, code=code)
+
+
+def _refused(state: dict[str, Any], problem: Problem) -> Folded:
+    """An anomaly the consumers' shared verdict names: its code leads the reason, as in the projector's."""
+    return Folded(state, "anomaly", str(problem), code=problem.code)
 
 
 def check_shape(event: Any) -> str | None:
@@ -120,6 +142,15 @@ def check_shape(event: Any) -> str | None:
     if action_key is not None and type(action_key) is not str:
         return f"{event_type}: mistyped action_key"
     return None
+
+
+def _shape_code(problem: str) -> str:
+    """The projector's code for a `check_shape` problem."""
+    if problem.startswith("unknown event_type"):
+        return "unknown_event_type"
+    if problem.startswith("unsupported schema_version"):
+        return "unsupported_schema_version"
+    return "malformed_event"
 
 
 def _working_copy(state: Mapping[str, Any]) -> dict[str, Any]:
@@ -170,35 +201,42 @@ def evolve(
         return Folded(dict(state), "duplicate", "offset already applied")
     base = dict(state) if state is not None else initial_state(key)  # copied further where it changes
     if not isinstance(message, Sequence) or isinstance(message, (str, bytes)) or not message:
-        return _anomaly(base, "message is not a non-empty list of events")
-    for index, event in enumerate(message):
+        return _anomaly(base, "message is not a non-empty list of events", "not_an_event_array")
+    # Event by event, each wholly (shape, model, id, hash) before the next, in the projector's order
+    # (`projections.decode`), so that both name the same first defect.
+    texts = getattr(message, "texts", None) or [None] * len(message)
+    for index, (event, text) in enumerate(zip(message, texts, strict=True)):
         problem = check_shape(event)
         if problem is not None:
-            return _anomaly(base, f"event {index}: {problem}")
+            return _anomaly(base, f"event {index}: {problem}", _shape_code(problem))
+        # The whole model, strictly, as the projector reads it: an intact chain does not make a run well
+        # formed. Its strict shape (`preflight.shapes`: the model, a UUID event_id) first, without pydantic;
+        # the model itself judges (and names) whatever the shape does not accept. (`hashed`: the hash is
+        # checked next; without it nothing of this event is used.)
+        if not conforms(event, text):
+            try:
+                decode_event(event, hashed=True)
+            except EventDecodeError as exc:
+                return _anomaly(base, f"event {index}: {exc}", "malformed_event")
+            if not _UUID.fullmatch(event["event_id"]):
+                return _anomaly(
+                    base, f"event {index}: event_id {event['event_id']!r:.80} is not a UUID", "event_id_not_uuid"
+                )
+        if not hash_matches(event, text):
+            try:  # a value with no canonical form (a lone surrogate) is malformed, as the projector finds
+                decode_event(event)
+            except EventDecodeError as exc:
+                return _anomaly(base, f"event {index}: {exc}", "malformed_event")
+            return _anomaly(
+                base, f"broken hash chain: seq {event['seq']} hash does not match its content", "broken_chain"
+            )
     run_ids = {e["run_id"] for e in message}
     if len(run_ids) != 1:
-        return _anomaly(base, "message mixes events of several runs")
+        return _anomaly(base, "message mixes events of several runs", "mixed_runs")
     expected_key = None if key == UNKEYED_RECORD_KEY else key
     if any(e.get("action_key") != expected_key for e in message):
-        return _anomaly(base, f"event action_key does not match the message key {key!r}")
+        return _anomaly(base, f"event action_key does not match the message key {key!r}", "key_mismatch")
     run_id = next(iter(run_ids))
-
-    texts = getattr(message, "texts", None) or [None] * len(message)
-    for event, text in zip(message, texts, strict=True):
-        if not hash_matches(event, text):
-            return _anomaly(base, f"broken hash chain: seq {event['seq']} hash does not match its content")
-    for index, (event, text) in enumerate(zip(message, texts, strict=True)):
-        # The whole model, strictly, as the projector reads it: an intact chain does not make a run well formed.
-        # Its strict shape (`preflight.shapes`) first, without pydantic; the model itself judges (and names)
-        # whatever the shape does not accept.
-        if conforms(event, text):
-            continue
-        if not _UUID.fullmatch(event["event_id"]):
-            return _anomaly(base, f"event {index}: event_id {event['event_id']!r:.80} is not a UUID")
-        try:
-            decode_event(event, hashed=True)
-        except EventDecodeError as exc:
-            return _anomaly(base, f"event {index}: {exc}")
 
     if message[0]["event_type"] in TAIL_EVENT_TYPES:
         folded = _apply_tail(base, run_id, message, position, verifier)
@@ -233,23 +271,28 @@ def _apply_run(state: dict[str, Any], run_id: str, events: Sequence[Mapping[str,
     problem = message_problem(events)  # the run-chain rule (`preflight.chain`)
     if problem is not None:
         return _anomaly(
-            state, f"{'broken hash chain' if problem[0] == 'broken_chain' else 'incomplete run'}: {problem[1]}"
+            state,
+            f"{'broken hash chain' if problem[0] == 'broken_chain' else 'incomplete run'}: {problem[1]}",
+            problem[0],
         )
+    refused = run_problem(events)  # the contract's verdict, the projector's too (`preflight.verdict`)
+    if refused is not None:
+        return _refused(state, refused)
     closing = events[-1]
     decision = closing.get("decision")
 
     known = _known(state, run_id)
     if known is not None:
         if known.get("close_hash") != closing["hash"]:
-            return _anomaly(state, f"run {run_id} seen before with different content")
+            return _anomaly(state, f"run {run_id} seen before with different content", "run_id_conflict")
         state = _working_copy(state)
         state["counts"]["duplicates"] += 1
         return Folded(state, "duplicate", "run already applied (same hashes)")
     reused = _reused_event_id(state, events)
     if reused is not None:
-        return _anomaly(state, reused)
+        return _anomaly(state, reused, "event_id_reused")
     if decision not in DECISIONS:
-        return _anomaly(state, f"run_closed decision {decision!r} is not a decision")
+        return _anomaly(state, f"run_closed decision {decision!r} is not a decision", "incomplete_run")
     entry: dict[str, Any] = {
         "run_id": run_id,
         "decision": decision,
@@ -279,7 +322,10 @@ def _reused_event_id(state: Mapping[str, Any], events: Sequence[Mapping[str, Any
 
 
 def _decision_problem(
-    run_events: Sequence[Mapping[str, Any]], tail: Mapping[str, Any], verifier: DecisionVerifier | None
+    run_events: Sequence[Mapping[str, Any]],
+    tail: Mapping[str, Any],
+    verifier: DecisionVerifier | None,
+    occurred_at: str | None = None,
 ) -> str | None:
     """Why `tail` is not an outcome of its run's approved decision (None if it is)."""
     outcome = tail["event_type"]
@@ -302,7 +348,7 @@ def _decision_problem(
     problem = verifier.check_signature(signed)
     if problem is not None:
         return f"{outcome} for decision {signed.decision_id!r:.80} with an invalid signature: {problem}"
-    happened = parse_time(tail["occurred_at"])
+    happened = parse_time(occurred_at or tail["occurred_at"])
     if happened is None:
         return f"{outcome} has no readable occurred_at to compare with the decision's expiry"
     problem = verifier.check_times(signed, happened)
@@ -319,8 +365,11 @@ def _apply_tail(
     verifier: DecisionVerifier | None = None,
 ) -> Folded:
     if len(events) != 1:
-        return _anomaly(state, "a tail message carries exactly one executed/execution_failed event")
+        return _anomaly(state, "a tail message carries exactly one executed/execution_failed event", "incomplete_run")
     tail = events[0]
+    refused = event_problem(tail, "event 0")  # the contract's verdict, the projector's too
+    if refused is not None:
+        return _refused(state, refused)
     waiting = _known(state, run_id)
     if waiting is None or "outcome" in waiting or waiting["decision"] != "execute":
         if waiting is not None and waiting.get("tail_hash") == tail["hash"]:
@@ -328,28 +377,70 @@ def _apply_tail(
             state["counts"]["duplicates"] += 1
             return Folded(state, "duplicate", "tail already applied (same hash)")
         if waiting is not None and waiting["decision"] != "execute":
-            return _anomaly(state, f"{tail['event_type']} for a run whose decision was {waiting['decision']}")
+            return _anomaly(
+                state,
+                f"{tail['event_type']} for a run whose decision was {waiting['decision']}",
+                "outcome_for_non_execute",
+            )
         if waiting is not None:
-            return _anomaly(state, f"second outcome for run {run_id} (replayed decision)")
-        return _anomaly(state, f"{tail['event_type']} for a run without a recorded execute decision")
+            return _anomaly(state, f"second outcome for run {run_id} (replayed decision)", "second_outcome")
+        return _anomaly(
+            state, f"{tail['event_type']} for a run without a recorded execute decision", "outcome_without_run"
+        )
+    kind = tail["event_type"]
+    unknown = waiting.get("effect_unknown") is True
+    if unknown and waiting["last_hash"] == tail["hash"]:
+        state = _working_copy(state)
+        state["counts"]["duplicates"] += 1
+        return Folded(state, "duplicate", "tail already applied (same hash)")
+    if unknown != (kind == READ_BACK_EVENT_TYPE):
+        if unknown:
+            return _anomaly(
+                state,
+                f"{kind} for run {run_id}, whose effect is unknown: only its read-back may follow",
+                "second_outcome",
+            )
+        return _anomaly(state, f"{kind} for run {run_id}, whose effect is not unknown", "read_back_without_unknown")
     linked = message_problem(events, after=(waiting["last_seq"], waiting["last_hash"]))
     if linked is not None:
-        return _anomaly(state, f"broken hash chain: {linked[1]}")
-    problem = _decision_problem(waiting["events"], tail, verifier) or _reused_event_id(state, events)
+        return _anomaly(state, f"broken hash chain: {linked[1]}", "broken_chain")
+    # A read-back is judged against the decision as of the call (its `effect_unknown`), not as of its reading.
+    when = waiting["events"][-1].get("occurred_at") if unknown else None
+    problem = _decision_problem(waiting["events"], tail, verifier, when) or _reused_event_id(state, events)
     if problem is not None:
         return _anomaly(state, problem)
+    slot = state["seen"][run_id]
+    if kind == "effect_unknown":
+        # Never a baseline, never failed: the run waits (its events kept) for its read-back, and the key's
+        # next run holds.
+        state = _working_copy(state)
+        state["counts"]["effect_unknown"] = state["counts"].get("effect_unknown", 0) + 1
+        waiting_entry = dict(waiting)
+        waiting_entry.update(
+            events=[*waiting["events"], dict(tail)],
+            last_seq=tail["seq"],
+            last_hash=tail["hash"],
+            effect_unknown=True,
+            event_ids=[*waiting["event_ids"], tail["event_id"]],
+        )
+        _store(state, slot, waiting_entry)
+        return Folded(state, "applied", slot=slot)
 
-    executed = tail["event_type"] == "executed"
+    executed = kind == "executed" or (kind == READ_BACK_EVENT_TYPE and tail.get("took_effect") is True)
     baseline = None
-    if executed:
+    # An unkeyed run (a read admitted without a preflight, `preflight.reads`) is never a baseline: no run
+    # loads one from the unkeyed key.
+    if executed and state["action_key"] != UNKEYED_RECORD_KEY:
         try:
             # The run's chain, each hash and the tail's link were verified as they arrived.
             events_in = [decode_event(e, hashed=True) for e in [*waiting["events"], tail]]
             record = rebuild_record(events_in, verify=False)
-        except (EventDecodeError, ChainError) as exc:
-            return _anomaly(state, f"executed run cannot be rebuilt: {exc}")
+        except (EventDecodeError, ChainError, ValueError) as exc:  # ValueError: pydantic's ValidationError
+            return _anomaly(state, f"executed run cannot be rebuilt: {exc}", "unrebuildable_run")
         if record.execution_decision != "executed":
-            return _anomaly(state, "executed run did not rebuild to an executed record")
+            return _anomaly(state, "executed run did not rebuild to an executed record", "unrebuildable_run")
+        if record.fields is None:  # the verdict refuses such a run before; never an empty baseline
+            return _anomaly(state, "executed run cannot be rebuilt: its record has no fields", "unrebuildable_run")
         baseline = {
             "run_id": run_id,
             "decision_id": tail.get("decision_id"),
@@ -364,7 +455,9 @@ def _apply_tail(
         state["baseline"] = baseline
     outcome = "executed" if executed else "failed"
     state["counts"][outcome] += 1
-    entry = {k: v for k, v in waiting.items() if k != "events"}
+    if unknown:
+        state["counts"]["effect_unknown"] = state["counts"].get("effect_unknown", 0) - 1  # settled now
+    entry = {k: v for k, v in waiting.items() if k not in ("events", "effect_unknown")}
     entry.update(
         last_seq=tail["seq"],
         last_hash=tail["hash"],
@@ -372,7 +465,6 @@ def _apply_tail(
         outcome=outcome,
         event_ids=[*waiting["event_ids"], tail["event_id"]],
     )
-    slot = state["seen"][run_id]
     _store(state, slot, entry)
     return Folded(state, "applied", baseline_changed=baseline is not None, slot=slot)
 

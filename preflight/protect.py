@@ -549,7 +549,7 @@ def _fixed(fixed: Any, text: SealText) -> Any:
 
 
 def _reason_slot(decision: Any) -> str:
-    return "outcome/reason" if decision in ("executed", "failed") else "reason"
+    return "outcome/reason" if decision in ("executed", "failed", "effect_unknown") else "reason"
 
 
 _COUNTS_REASON = re.compile(
@@ -624,13 +624,13 @@ def protect_payload(event_type: str, payload: Mapping[str, Any], value: SealValu
         record = out.get("record")
         if isinstance(record, Mapping) and isinstance(record.get("reason"), str):
             out["record"] = {**record, "reason": _sealed_reason(record, out.get("decision"), "reason", text)}
-    elif event_type in ("executed", "execution_failed"):
-        decision = "executed" if event_type == "executed" else "failed"
+    elif event_type in ("executed", "execution_failed", "effect_unknown", "effect_read_back"):
+        decision = "executed" if event_type == "executed" else event_type  # only a success's can be the engine's
         if isinstance(out.get("reason"), str):
             out["reason"] = _sealed_reason(out, decision, "outcome/reason", text)
         if isinstance(out.get("output_check"), str):  # a violation quotes the tool's output
             out["output_check"] = text(out["output_check"], "outcome/output_check")
-        if event_type == "execution_failed" and isinstance(out.get("error"), str):
+        if event_type in ("execution_failed", "effect_unknown") and isinstance(out.get("error"), str):
             out["error"] = text(out["error"], "outcome/error")
     return out
 

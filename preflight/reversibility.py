@@ -46,7 +46,7 @@ question, and no question to the user settles an unready environment or an unrea
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -165,6 +165,9 @@ class AdmissionPolicy:
         self.contract: ToolContract | None = (
             None if contract is None else contract if isinstance(contract, ToolContract) else _contract(contract)
         )
+        #: The run id of an action key's call whose effect is unknown and not read back (None: none); set by
+        #: the engine. Such a key's invocation is judged with a ``timed_out`` record, effect ``unknown``.
+        self.unsettled: Callable[[str], str | None] = lambda action_key: None
 
     def descriptor_for(self, tool: Tool) -> tuple[ToolContract, ToolDescriptor | None, EffectSource]:
         """The contract to judge `tool` against, the descriptor judged (None if the tool is not in it)
@@ -199,12 +202,15 @@ class AdmissionPolicy:
             "tool": {"name": tool.name, "version": tool_version(tool)},
             "arguments": dict(arguments),
         }
+        record: Any = inp.invocation_record
+        if record is None and self.unsettled(action_key) is not None:
+            record = {"correlation_id": correlation_id, "status": "timed_out", "effect_status": "unknown"}
         result = assess_tool_invocation(
             contract,
             request,
             environment,
             approval=inp.approval,
-            invocation_record=inp.invocation_record,
+            invocation_record=record,
         )
         effect_class = descriptor.effect_class if descriptor is not None else effect_class_of(tool)[0]
         verdict = AdmissionVerdict(
@@ -226,8 +232,10 @@ class AdmissionPolicy:
             "approval": None if inp.approval is None else inp.approval.model_dump(mode="json"),
             "environment": None if inp.environment is None else inp.environment.model_dump(mode="json"),
             "invocation_record": None
-            if inp.invocation_record is None
-            else inp.invocation_record.model_dump(mode="json"),
+            if record is None
+            else record
+            if isinstance(record, dict)
+            else record.model_dump(mode="json"),
             "arguments_digest": digest(dict(arguments)),
             **result.model_dump(mode="json"),
         }

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from preflight.protect import ProtectionError, ValueErased, ValueProtector, is_sealed, token_of
+from preflight.tokens import MIN_TOKEN_LENGTH, TokenListError, one_holder_per_token, token_entries
 from preflight_audit.errors import ConfigurationError
 
 __all__ = [
@@ -55,7 +56,6 @@ __all__ = [
 Role = Literal["compliance", "analyst"]
 #: The roles tokens carry. Compliance reads values (opened); analysts read everything but values.
 ROLES: frozenset[str] = frozenset({"compliance", "analyst"})
-MIN_TOKEN_LENGTH = 16
 #: What compliance sees for a value whose user's key was erased, or one that does not open.
 ERASED = "erased"
 UNREADABLE = "unreadable"
@@ -93,31 +93,12 @@ class TokenTable:
 
 
 def _entries(text: str, where: str) -> list[tuple[str, str]]:
-    """The ``role:token`` entries of `text` -- the variable's value or the file's content, read alike:
-    entries are separated by commas or line breaks, and a line whose first non-blank character is ``#``
-    is a comment. A ``#`` anywhere else is part of the entry (a token may contain one, wherever it is
-    configured); a comment after an entry on its line makes the token contain a space, which is refused."""
-    pairs = []
-    for line_number, line in enumerate(text.splitlines() or [""], start=1):
-        if line.strip().startswith("#"):
-            continue
-        for entry_number, raw in enumerate(line.split(","), start=1):
-            item = raw.strip()
-            if not item:
-                continue
-            role, sep, token = item.partition(":")
-            role, token = role.strip(), token.strip()
-            place = f"{where} line {line_number} entry {entry_number}"
-            if not sep or role not in ROLES:
-                raise ConfigurationError(f"{place}: expected role:token with a role of {sorted(ROLES)}")
-            if len(token) < MIN_TOKEN_LENGTH or any(c.isspace() for c in token):
-                hint = " (a comment goes on a line of its own, starting with #)" if "#" in token else ""
-                raise ConfigurationError(
-                    f"{place}: a {role} token must be at least {MIN_TOKEN_LENGTH} characters without spaces{hint}"
-                    " (e.g. `python -c 'import secrets; print(secrets.token_urlsafe(32))'`)"
-                )
-            pairs.append((role, token))
-    return pairs
+    """The ``role:token`` entries of `text` (the variable's value or the file's content, read alike by the
+    shared parser, `preflight.tokens.token_entries`)."""
+    try:
+        return token_entries(text, where, kind="role", allowed=ROLES)
+    except TokenListError as exc:
+        raise ConfigurationError(str(exc)) from None
 
 
 def parse_tokens(inline: str | None, file: Path | None) -> TokenTable:
@@ -133,10 +114,10 @@ def parse_tokens(inline: str | None, file: Path | None) -> TokenTable:
         except OSError as exc:
             raise ConfigurationError(f"the API tokens file {file} cannot be read: {exc.strerror or exc}") from exc
         pairs += _entries(text, f"the API tokens file {file}")
-    roles: dict[str, str] = {}
-    for role, token in pairs:
-        if roles.setdefault(token, role) != role:
-            raise ConfigurationError("one API token is configured with two roles: give each role its own token")
+    try:
+        roles = one_holder_per_token(pairs, kind="role", what="API token")
+    except TokenListError as exc:
+        raise ConfigurationError(str(exc)) from None
     return TokenTable(tuple((token.encode("utf-8", "surrogateescape"), role) for token, role in roles.items()))
 
 

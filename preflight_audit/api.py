@@ -62,9 +62,11 @@ from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, Field
 
 import queries
+from preflight.adapters.questions import QuestionStore
 from preflight.protect import ValueProtector
 from preflight_audit import console, report
 from preflight_audit.access import PROTECTION_COLUMN, ROLES, TokenTable, analyst_rows, compliance_rows
+from preflight_audit.console.questions import UserTokens, install_questions
 from preflight_audit.guard import BODY_TIMEOUT_S, HttpGuard
 from preflight_audit.sessions import FailureLimit, Sessions, TooManyFailures, role_of_token
 from projections import ProjectionError, migrations, open_database
@@ -280,6 +282,8 @@ def create_app(
     sessions: Sessions | None = None,
     failure_limit: FailureLimit | None = None,
     body_timeout_s: float = BODY_TIMEOUT_S,
+    questions: QuestionStore | None = None,
+    question_users: UserTokens | None = None,
 ) -> FastAPI:
     """The read API over the projection database at `database` (see the module doc), with the console at
     ``/console/`` (`preflight_audit.console`). `tokens`: who may call it (None or empty: nobody but
@@ -287,8 +291,9 @@ def create_app(
     ``"unreadable"``); `ledger_keys`: the ledger's public keys, for the console's "verify now"; `lake`: read
     the projections from this Iceberg lake instead of `database` (every route then takes ``as_of``);
     `sessions`, `failure_limit`: the console's sign-ins and the bound on wrong tokens (defaults of
-    `preflight_audit.sessions`). Every request passes `preflight_audit.guard.HttpGuard` first (a request's
-    body must arrive within `body_timeout_s`)."""
+    `preflight_audit.sessions`); `questions` and `question_users`: the gateway's questions store and the
+    users who answer theirs in the console (`preflight_audit.console.questions`). Every request passes
+    `preflight_audit.guard.HttpGuard` first (a request's body must arrive within `body_timeout_s`)."""
     db = _Database(Path(database), read_only, lake)
 
     @asynccontextmanager
@@ -322,6 +327,7 @@ def create_app(
 
     _offline_docs(app)
     console.install(app, ledger_keys=ledger_keys)
+    install_questions(app, questions, question_users)  # the gateway's questions, answered by their users
 
     # Health has a thread of its own for opening the database: it never waits behind the queries, which
     # share the app's thread pool; once the database is open it answers on the event loop.

@@ -1,5 +1,5 @@
 """The `preflight-audit` command: serve, demo, query, settings, status, replay, export, broker, erase, digest,
-verify.
+verify, contract check.
 
 Settings come from options, ``PREFLIGHT_*`` variables and ``preflight-audit.toml`` (`preflight_audit.settings`).
 Every failure the command expects -- bad settings, an unknown query or parameter, a missing or busy
@@ -964,6 +964,7 @@ def gateway(
                     host=host,
                     port=port,
                     ops=(ops_host, ops_port) if ops_port is not None else None,
+                    private_broker=settings.embedded,
                 )
             )
         except GatewaySettingsError as exc:
@@ -973,6 +974,7 @@ def gateway(
 @gateway_app.command("init")
 @_reported
 def gateway_init(
+    ctx: typer.Context,
     client_config: Annotated[
         Path, typer.Argument(help="the MCP client's configuration (JSON with mcpServers)", dir_okay=False)
     ],
@@ -987,14 +989,18 @@ def gateway_init(
     """Write the gateway's settings from an MCP client's configuration, and the client entry that points at it."""
     import json
 
+    from gateway.health import PRIVATE_BROKER_WARNING, deployment_env
     from gateway.init import init_gateway
     from gateway.settings import GatewaySettingsError
     from preflight_audit.errors import ConfigurationError
 
+    settings = _settings(ctx)
     try:
-        client = init_gateway(client_config, out, user=user)
+        client = init_gateway(client_config, out, user=user, env=deployment_env(settings, ctx.obj.settings_file))
     except GatewaySettingsError as exc:
         raise ConfigurationError(str(exc)) from None
+    if settings.embedded:
+        _err().print(f"warning: {PRIVATE_BROKER_WARNING}", soft_wrap=True)
     text = json.dumps(client, indent=2) + "\n"
     if client_out is None:
         typer.echo(text, nl=False)
@@ -1003,6 +1009,84 @@ def gateway_init(
             raise ConfigurationError(f"{client_out} exists: not overwritten")
         client_out.write_text(text, encoding="utf-8")
     _err().print(f"wrote {out}; point the client at the gateway with the configuration above", soft_wrap=True)
+
+
+# ---- contract ---------------------------------------------------------------------------------------------
+
+contract_app = typer.Typer(help="The event contract a producer in any language publishes against (CONTRACT.md).")
+app.add_typer(contract_app, name="contract")
+
+
+class CheckFormat(StrEnum):
+    table = "table"
+    json = "json"
+
+
+@contract_app.command("check")
+@_reported
+def contract_check(
+    ctx: typer.Context,
+    source: Annotated[
+        str, typer.Argument(help="events as JSON lines, one event a line ('-': standard input)", metavar="FILE|-")
+    ] = "-",
+    public_keys: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--decision-public-key",
+            help="a trusted decision signer's public key (PEM, repeatable): an outcome then needs a decision it"
+            " signed, as in the worker and the projector given the same keys",
+            dir_okay=False,
+        ),
+    ] = None,
+    leeway_s: Annotated[
+        float, typer.Option("--decision-leeway-s", min=0.0, help="clock skew allowed around a decision's validity")
+    ] = 0.0,
+    output: Annotated[CheckFormat, typer.Option("--format", "-f", help="table or json (one object a line)")] = (
+        CheckFormat.table
+    ),
+) -> None:
+    """The verdict the fold worker and the projector would give on each run and outcome, offline, naming every
+    failure (schema, chain, closing count, signature); exit code 1 when any would be dead-lettered."""
+    from preflight.errors import SigningKeyError
+    from preflight_audit.conformance import check
+    from projections.signatures import DecisionTrust
+
+    try:
+        trust = DecisionTrust.from_pem_files(*public_keys, leeway_s=leeway_s) if public_keys else None
+    except SigningKeyError as exc:
+        raise ConfigurationError(f"decision keys: {exc}") from None
+    try:
+        text = sys.stdin.read() if source == "-" else Path(source).read_text(encoding="utf-8", errors="surrogateescape")
+    except OSError as exc:
+        raise UsageError(f"cannot read {source}: {exc.strerror or exc}") from None
+    verdicts = check(text.splitlines(), trust=trust)
+    if output is CheckFormat.json:
+        for verdict in verdicts:
+            typer.echo(json.dumps(verdict.to_json(), ensure_ascii=False))
+    else:
+        console = _out()
+        for verdict in verdicts:
+            message = verdict.message
+            lines = f"{message.lines[0]}-{message.lines[-1]}" if message.lines else "?"
+            if verdict.accepted:
+                headline = Text.assemble(("accepted", "green"), f"  {message.kind} {message.run_id} (lines {lines})")
+            else:
+                code = (verdict.worker or verdict.projector or ("?", ""))[0]
+                headline = Text.assemble(
+                    ("dead letter ", "bold red"), (code, "bold"), f"  {message.kind} {message.run_id} (lines {lines})"
+                )
+            console.print(headline, soft_wrap=True, highlight=False)
+            for side, answer in (("worker", verdict.worker), ("projector", verdict.projector)):
+                if answer is not None:
+                    console.print(Text(f"  {side}: {answer[0]}: {answer[1]}"), soft_wrap=True, highlight=False)
+            if not verdict.agreed:
+                console.print(Text("  the consumers disagree: report this", style="bold red"), soft_wrap=True)
+            for problem in verdict.problems:
+                console.print(Text(f"  - {problem}"), soft_wrap=True, highlight=False)
+        refused = sum(not v.accepted for v in verdicts)
+        _err().print(f"{len(verdicts)} message(s): {len(verdicts) - refused} accepted, {refused} dead-lettered")
+    if any(not v.accepted for v in verdicts):
+        raise typer.Exit(EXIT_FAILURE)
 
 
 def main() -> None:

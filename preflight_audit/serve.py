@@ -26,8 +26,10 @@ from typing import Any
 from rich.console import Console
 
 from preflight.adapters.ops import OpsServer
+from preflight.adapters.questions import QuestionStore
 from preflight_audit.access import TokenTable, parse_tokens
 from preflight_audit.api import create_app
+from preflight_audit.console.questions import UserTokens
 from preflight_audit.errors import ServiceError
 from preflight_audit.keys import DecisionKey, protector, settings_decision_key
 from preflight_audit.server import api_server
@@ -145,7 +147,13 @@ async def _run(
     sock = _bind(settings.api_host, settings.api_port)
     host, port = sock.getsockname()[:2]
     api = create_app(
-        settings.database, read_only=False, tokens=tokens, protector=protector(settings.key_dir), lake=lake
+        settings.database,
+        read_only=False,
+        tokens=tokens,
+        protector=protector(settings.key_dir),
+        lake=lake,
+        questions=QuestionStore(settings.questions_file) if settings.questions_file is not None else None,
+        question_users=UserTokens.read(settings.users_tokens_file) if settings.users_tokens_file is not None else None,
     )
     server = api_server(
         api, header_timeout_s=settings.api_header_timeout_s, limit_concurrency=settings.api_limit_concurrency

@@ -32,11 +32,12 @@ Clock = Callable[[], float]
 
 @dataclass(frozen=True)
 class Session:
-    """A signed-in role, and when its session ends at the latest."""
+    """A signed-in role (or a user answering their own questions), and when its session ends at the latest."""
 
     role: str
     started: float
     expires: float
+    user: str | None = None
 
 
 class Sessions:
@@ -55,17 +56,27 @@ class Sessions:
             self._sweep(self._clock())
             return len(self._by_id)
 
-    def start(self, role: str) -> str:
-        """A new session for `role`; its id (the cookie's value)."""
+    def start(self, role: str, *, user: str | None = None) -> str:
+        """A new session for `role` (and `user`, who answers their own questions); its id (the cookie's value)."""
         now = self._clock()
         session_id = secrets.token_urlsafe(32)
         with self._lock:
             self._sweep(now)
-            self._by_id[session_id] = (Session(role, now, now + self.lifetime_s), now)
+            self._by_id[session_id] = (Session(role, now, now + self.lifetime_s, user), now)
         return session_id
 
     def role_of(self, session_id: str) -> str | None:
         """The role of a live session, or None (unknown, ended or expired); a use keeps it from idling out."""
+        session = self.session(session_id)
+        return None if session is None else session.role
+
+    def user_of(self, session_id: str) -> str | None:
+        """The user of a live session signed in with a user's token, or None."""
+        session = self.session(session_id)
+        return None if session is None else session.user
+
+    def session(self, session_id: str) -> Session | None:
+        """A live session, or None (unknown, ended or expired); a use keeps it from idling out."""
         now = self._clock()
         with self._lock:
             found = self._by_id.get(session_id)
@@ -76,7 +87,7 @@ class Sessions:
                 del self._by_id[session_id]
                 return None
             self._by_id[session_id] = (session, now)
-            return session.role
+            return session
 
     def end(self, session_id: str) -> None:
         """Sign out: the id opens nothing from now on."""

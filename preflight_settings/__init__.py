@@ -90,6 +90,12 @@ class SettingFields(BaseSettings):
     api_port: int = Field(8000, ge=0, le=65535, description="its port (0: any free one)")
     api_tokens: SecretStr | None = Field(None, description="the HTTP API's bearer tokens: role:token,role:token")
     api_tokens_file: Path | None = Field(None, description="a file of role:token lines (# comments)")
+    questions_file: Path | None = Field(
+        None, description="the gateway's questions store (SQLite), answered in the console at /console/questions"
+    )
+    users_tokens_file: Path | None = Field(
+        None, description="a file of user:token lines: who signs in to the console to answer their questions"
+    )
     api_header_timeout_s: float = Field(
         10.0, gt=0, le=3600, allow_inf_nan=False, description="a connection's request headers must arrive within this"
     )

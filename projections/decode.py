@@ -6,10 +6,12 @@ in this order, everything that can be judged from the message alone: it has a va
 is a non-empty JSON array, every event is of a known type and supported version and validates
 strictly against its model, every `event_id` is a UUID, every hash matches its content, and a run
 message is one intact chain (contiguous `seq` from 0, each `prev_hash` linked, closed by a single
-`run_closed` whose count and last hash match, under the Kafka key of its `action_key`, with the one
-decision event its close announces). Anything else becomes a `Rejected` with a code and a reason,
-destined for `dead_letters`. What needs the stored projection (is this run new? does this outcome
-link to its run's stored last hash?) is judged later, in `projections.rows.plan_batch`.
+`run_closed` whose count and last hash match, under the Kafka key of its `action_key`), and the verdict
+the fold worker gives too (`preflight.verdict`: each member the contract narrows, the one decision event
+its close announces, distinct field names and item indexes, an execute run's fields computed). Anything
+else becomes a `Rejected` with a code and a reason, destined for `dead_letters`. What needs the stored
+projection (is this run new? does this outcome link to its run's stored last hash?) is judged later, in
+`projections.rows.plan_batch`.
 
 The chain rules are those of `preflight.events.verify_run` (the unit tests compare the two on
 altered runs), plus the transport's (one run per message, the outcome in a message of its own).
@@ -67,6 +69,7 @@ from preflight.shapes import has_float as _has_float
 from preflight.shapes import plain as _plain
 from preflight.shapes import shape as _shape
 from preflight.shapes import too_deep as _too_deep
+from preflight.verdict import event_problem, run_problem
 
 __all__ = [
     "Decoded",
@@ -202,13 +205,6 @@ def _shaped(value: bytes) -> list[EventJson] | None:
 
 
 _UUID = re.compile(_UUID_PATTERN)
-_DECISION_EVENT: Final = {
-    "execute": "execution_approved",
-    "ask_user": "gate_blocked",
-    "hold": "gate_blocked",
-    "deferred": "run_deferred",
-}
-_DECISION_EVENTS: Final = frozenset(_DECISION_EVENT.values())
 
 
 @dataclass(frozen=True, slots=True)
@@ -316,6 +312,9 @@ def _decode(incoming: Incoming, columns: Any = None) -> Decoded:
             raise _Reject("incomplete_run", "a tail message carries exactly one outcome event", run_id)
         if events[0]["seq"] >= _INTEGER_LIMIT:
             raise _Reject("unprojectable", f"seq {events[0]['seq']} is beyond the archive's INTEGER column", run_id)
+        refused = event_problem(events[0], "event 0")  # the contract's verdict, the fold's too
+        if refused is not None:
+            raise _Reject(refused.code, refused.reason, run_id)
         return VerifiedTail(incoming, run_id, events[0], encoded[0])
     _check_run(events, run_id)
     return VerifiedRun(incoming, run_id, tuple(events), tuple(encoded))
@@ -478,28 +477,11 @@ def _without_hash(full: bytes, claimed: str) -> bytes | None:
 
 
 def _check_run(events: Sequence[EventJson], run_id: str) -> None:
-    """A run message's chain and shape (see the module doc); raises `_Reject` naming the first defect."""
+    """A run message's chain and the consumers' verdict on it (see the module doc); raises `_Reject` naming
+    the first defect."""
     problem = message_problem(events)  # the run-chain rule (`preflight.chain`)
     if problem is not None:
         raise _Reject(problem[0], problem[1], run_id)
-    types_ = [e["event_type"] for e in events]
-    decision = events[-1]["decision"]
-    wanted = _DECISION_EVENT[decision]
-    found = [t for t in types_ if t in _DECISION_EVENTS]
-    if found != [wanted]:
-        raise _Reject("incomplete_run", f"a {decision} run carries exactly one {wanted} event (found {found})", run_id)
-    names: list[Any] = []
-    indexes: list[int] = []
-    for event, event_type in zip(events, types_, strict=True):
-        if event_type == "field_resolved":
-            names.append(event["field"].get("name"))
-        elif event_type == "checklist_item_verified":
-            indexes.append(event["index"])
-        elif event_type == "gate_blocked" and event["decision"] != decision:
-            raise _Reject("incomplete_run", f"gate_blocked says {event['decision']}, run_closed {decision}", run_id)
-    if not all(isinstance(n, str) and n for n in names) or len(set(names)) != len(names):
-        raise _Reject("unprojectable", "field_resolved events need distinct, non-empty field names", run_id)
-    if len(set(indexes)) != len(indexes):
-        raise _Reject("unprojectable", "checklist_item_verified events repeat an item index", run_id)
-    if any(not -_INTEGER_LIMIT <= index < _INTEGER_LIMIT for index in indexes):
-        raise _Reject("unprojectable", "a checklist item index is beyond the INTEGER column it goes to", run_id)
+    refused = run_problem(events)  # the contract's verdict, the fold's too (`preflight.verdict`)
+    if refused is not None:
+        raise _Reject(refused.code, refused.reason, run_id)

@@ -924,8 +924,12 @@ class Projector:
             return plans
         except duckdb.Error as exc:
             rollback(con)
-            self._transaction = []
-            raise DatabaseError(f"writing a batch failed and was rolled back: {exc}") from exc
+            batches, self._transaction = self._transaction, []
+            log.warning(
+                "writing %d batch(es) failed (%s); writing each alone, isolating the runs at fault", len(batches), exc
+            )
+            plans = [self._write_isolating(written, publish) for written in batches]
+            return plans
         except BaseException:
             rollback(con)
             self._transaction = []
@@ -937,14 +941,100 @@ class Projector:
                 self._after_commit(plan)
         return plans
 
-    def _write_alone(self, batch: _Batch, publish: Callable[[list[DeadLetter]], None] | None) -> Plan:
-        """In the writer thread, no transaction open: plan `batch` again against the database and write it
-        in its own transaction; the event ids the archive holds already dead-letter their messages."""
+    def _write_isolating(self, batch: _Batch, publish: Callable[[list[DeadLetter]], None] | None) -> Plan:
+        """In the writer thread, no transaction open, after a database error on a write holding `batch`: a
+        poisoned run is told from a sick database, and never stops the projector.
+
+        The batch is written alone first (the error may have been another batch's). If that fails too, a
+        write of its offsets and dead letters alone is tried (every run set aside): if even that fails, the
+        database is sick -- every write fails -- and `DatabaseError` stops the projector, which resumes from
+        its stored offsets once the database is repaired. Otherwise each run and outcome is tried alone (in
+        a transaction rolled back); the ones that fail alone are poisoned and dead-lettered with the
+        database's error (`database_error`), and the batch is written without them.
+
+        :raises DatabaseError: the database refuses every write.
+        """
+        con = self._con
+        assert con is not None
+        try:
+            return self._write_alone(batch, publish)
+        except DatabaseError as exc:
+            log.warning("a batch failed alone (%s); trying each of its runs alone", exc)
+        stored, next_offsets = self._stored_for(batch)
+        positions = [
+            (m.topic, m.partition, m.offset)
+            for chunk in batch.prepared
+            for item in chunk.items
+            if not isinstance(item, Rejected)
+            for m in [chunk.message(item)]
+            if m.offset >= next_offsets.get((m.topic, m.partition), 0)
+        ]
+        aside = dict.fromkeys(positions, "set aside")
+        problem = self._try_write(batch, stored, next_offsets, aside)
+        if problem is not None:
+            raise DatabaseError(
+                f"the database refuses every write, even one without any run ({problem}): it is sick, not a run;"
+                " repair it and start the projector again (it resumes from its stored offsets)"
+            )
+        poisoned: dict[tuple[str, int, int], str] = {}
+        for position in positions:
+            problem = self._try_write(batch, stored, next_offsets, {p: "" for p in positions if p != position})
+            if problem is not None:
+                poisoned[position] = problem
+        log.warning("%d poisoned run(s) dead-lettered (database_error): %s", len(poisoned), sorted(poisoned))
+        return self._write_alone(batch, publish, poisoned=poisoned)
+
+    def _stored_for(self, batch: _Batch) -> tuple[dict[str, Any], dict[tuple[str, int], int]]:
+        """In the writer thread: the stored runs `batch` mentions, and the stored offsets."""
         con = self._con
         assert con is not None
         run_ids = [item.run_id for chunk in batch.prepared for item in chunk.items if not isinstance(item, Rejected)]
-        stored = lookup_runs(con, run_ids)
         next_offsets = {(self._topic, p): o for p, o in load_offsets(con, self._group, self._topic).items()}
+        return dict(lookup_runs(con, run_ids)), next_offsets
+
+    def _try_write(
+        self,
+        batch: _Batch,
+        stored: Mapping[str, Any],
+        next_offsets: Mapping[tuple[str, int], int],
+        aside: Mapping[tuple[str, int, int], str],
+    ) -> str | None:
+        """In the writer thread: write `batch` without the messages `aside` in a transaction, and roll it back
+        (nothing published); the database's error, or None if it took the rows."""
+        con = self._con
+        assert con is not None
+        plan = plan_batch(
+            batch.prepared,
+            stored,
+            projection=self._group,
+            next_offsets=next_offsets,
+            decision_trust=self._trust,
+            poisoned=aside,
+        )
+        try:
+            con.begin()
+            append_batch(con, to_arrow(plan), expected_events=plan.archived, publish=None)
+        except duckdb.Error as exc:
+            return str(exc)
+        except EventIdConflict:
+            return None  # not the database's fault: the write that counts dead-letters the ids
+        finally:
+            rollback(con)
+        return None
+
+    def _write_alone(
+        self,
+        batch: _Batch,
+        publish: Callable[[list[DeadLetter]], None] | None,
+        *,
+        poisoned: Mapping[tuple[str, int, int], str] | None = None,
+    ) -> Plan:
+        """In the writer thread, no transaction open: plan `batch` again against the database and write it
+        in its own transaction; the event ids the archive holds already dead-letter their messages, and so
+        do the `poisoned` ones (`_write_isolating`)."""
+        con = self._con
+        assert con is not None
+        stored, next_offsets = self._stored_for(batch)
         taken: frozenset[str] = frozenset()
         while True:
             plan = plan_batch(
@@ -954,6 +1044,7 @@ class Projector:
                 next_offsets=next_offsets,
                 taken_event_ids=taken,
                 decision_trust=self._trust,
+                poisoned=poisoned,
             )
             try:
                 write_batch(

@@ -812,6 +812,7 @@ class PreparedTail(NamedTuple):
     timestamp: str
     archive_row: int
     execution_row: int
+    took_effect: bool | None = None  # an effect_read_back's verdict
 
 
 Prepared = PreparedRun | PreparedTail | Rejected
@@ -979,6 +980,7 @@ def _prepared_tail(decoded: VerifiedTail, position: int, archive_row: int, execu
         timestamp=e["timestamp"],
         archive_row=archive_row,
         execution_row=execution_row,
+        took_effect=e.get("took_effect"),
     )
 
 
@@ -1027,9 +1029,12 @@ def _judge_tail(
 
     if state is None:
         return reject("outcome_without_run", f"{tail.event_type} for run {tail.run_id}, which has no recorded run")
-    if state.outcome is not None:
-        if state.last_hash == tail.hash:
-            return "duplicate"
+    read_back = tail.event_type == "effect_read_back"
+    if state.outcome is not None and state.last_hash == tail.hash:
+        return "duplicate"
+    if read_back and state.outcome is None:  # as the fold words it: the same verdict, the same code
+        return reject("read_back_without_unknown", f"a read-back for run {tail.run_id}, whose effect is not unknown")
+    if state.outcome is not None and (not read_back or state.outcome != "effect_unknown"):
         return reject("second_outcome", f"second outcome for run {tail.run_id} (it is already {state.outcome})")
     if state.decision != "execute":
         return reject("outcome_for_non_execute", f"{tail.event_type} for a run whose decision was {state.decision}")
@@ -1046,7 +1051,7 @@ def _judge_tail(
     ]
     if mismatched:
         return reject("outcome_mismatch", f"the outcome's {', '.join(mismatched)} differ from the approved decision")
-    if trust is not None:
+    if trust is not None and not read_back:  # a read-back's decision was judged with its effect_unknown
         occurred_at = executions.column("occurred_at")[tail.execution_row].as_py() if executions is not None else None
         refusal = trust.refusal(tail.event_type, state, occurred_at)
         if refusal is not None:
@@ -1054,9 +1059,16 @@ def _judge_tail(
     return None
 
 
+def tail_outcome(event_type: str, took_effect: Any = None) -> str:
+    """The outcome a run has after a tail event: ``executed``, ``failed``, ``effect_unknown``; after a read-back,
+    ``executed`` if the call took effect, else ``failed``."""
+    if event_type == "effect_read_back":
+        return "executed" if took_effect is True else "failed"
+    return {"executed": "executed", "effect_unknown": "effect_unknown"}.get(event_type, "failed")
+
+
 def _execution_row(tail: VerifiedTail) -> tuple[Any, ...]:
     e = tail.event
-    executed = e["event_type"] == "executed"
     return (
         tail.run_id,
         e["event_id"].lower(),
@@ -1065,15 +1077,19 @@ def _execution_row(tail: VerifiedTail) -> tuple[Any, ...]:
         e["user_id"],
         e["agent_id"],
         e["tool_name"],
-        "executed" if executed else "failed",
+        tail_outcome(e["event_type"], e.get("took_effect")),
         e["arguments_digest"],
-        e.get("result_digest"),
+        e.get("result_digest", e.get("readback_result_digest")),
         e.get("error_type"),
         e.get("error"),
         e["reason"],
         e["timestamp"],
         e["occurred_at"],
     )
+
+
+#: The dead-letter code of a message whose rows the database refused alone (a poisoned run, `Projector`).
+DATABASE_ERROR: Final = "database_error"
 
 
 def plan_batch(
@@ -1084,8 +1100,12 @@ def plan_batch(
     next_offsets: Mapping[tuple[str, int], int],
     taken_event_ids: frozenset[str] = frozenset(),
     decision_trust: DecisionTrust | None = None,
+    poisoned: Mapping[tuple[str, int, int], str] | None = None,
 ) -> Plan:
     """What a batch changes, given what the database holds (`stored`, `next_offsets`, `taken_event_ids`).
+
+    `poisoned` names messages (topic, partition, offset) whose rows the database refused when written alone,
+    with its error: each is dead-lettered (`database_error`) instead of projected.
 
     `chunks` hold the batch in log order per partition. `taken_event_ids` (lower-case) are ids the archive
     already holds that no stored run accounts for; the writer passes them after an insert found a
@@ -1094,7 +1114,7 @@ def plan_batch(
     signed decision (see `_judge_tail`); its chunks must then be checked with it
     (`projections.signatures.check_decisions`).
     """
-    planner = _BatchPlanner(stored, next_offsets, taken_event_ids, decision_trust)
+    planner = _BatchPlanner(stored, next_offsets, taken_event_ids, decision_trust, poisoned or {})
     for chunk in chunks:
         planner.take_chunk(chunk)
     return planner.plan(chunks, projection)
@@ -1110,7 +1130,9 @@ class _BatchPlanner:
         next_offsets: Mapping[tuple[str, int], int],
         taken_event_ids: frozenset[str],
         decision_trust: DecisionTrust | None,
+        poisoned: Mapping[tuple[str, int, int], str],
     ) -> None:
+        self.poisoned = poisoned
         self.stored, self.next_offsets = stored, next_offsets
         self.taken_event_ids, self.decision_trust = taken_event_ids, decision_trust
         self.takes: dict[str, list[int]] = {spec.name: [] for spec in CANDIDATE_TABLES}
@@ -1151,6 +1173,10 @@ class _BatchPlanner:
             counts["messages"] += 1
             if isinstance(item, Rejected):
                 self.dead(item)
+                continue
+            refused = self.poisoned.get((m.topic, m.partition, m.offset)) if self.poisoned else None
+            if refused is not None:
+                self.dead(Rejected(m, DATABASE_ERROR, f"the database refused its rows: {refused}", item.run_id))
                 continue
             state = self.states.get(item.run_id) or self.stored.get(item.run_id)
             if isinstance(item, PreparedRun):
@@ -1202,7 +1228,7 @@ class _BatchPlanner:
         self.event_ids.append(item.event_id)
         self.takes[ARCHIVE.name].append(base[ARCHIVE.name] + item.archive_row)
         self.takes[EXECUTIONS.name].append(base[EXECUTIONS.name] + item.execution_row)
-        outcome = "executed" if item.event_type == "executed" else "failed"
+        outcome = tail_outcome(item.event_type, item.took_effect)
         after = state._replace(
             outcome=outcome, last_seq=item.seq, last_hash=item.hash, event_count=state.event_count + 1
         )

@@ -288,9 +288,14 @@ def _run_with(con: duckdb.DuckDBPyConnection, view: str, table: Any, statement: 
 def _fetch_with(con: duckdb.DuckDBPyConnection, view: str, table: Any, statement: str) -> list[tuple[Any, ...]]:
     con.register(view, table)
     try:
-        return con.execute(statement).fetchall()
-    finally:
-        con.unregister(view)
+        rows = con.execute(statement).fetchall()
+    except BaseException:
+        # The statement's own error, not the aborted transaction's refusal to unregister after it.
+        with contextlib.suppress(duckdb.Error):
+            con.unregister(view)
+        raise
+    con.unregister(view)
+    return rows
 
 
 def load_offsets(con: duckdb.DuckDBPyConnection, projection: str, topic: str) -> dict[int, int]:

@@ -21,7 +21,8 @@ archived AS (
     WINDOW w AS (PARTITION BY a.run_id ORDER BY a.seq)
 ),
 per_run AS (
-    SELECT run_id, count(*) AS events, arg_max(hash, seq) AS last_hash, max(seq) AS last_seq
+    SELECT run_id, count(*) AS events, arg_max(hash, seq) AS last_hash, max(seq) AS last_seq,
+           count(*) FILTER (WHERE event_type = 'effect_read_back') AS read_backs
     FROM archived
     GROUP BY run_id
 ),
@@ -77,6 +78,7 @@ findings AS (
     LEFT JOIN per_run AS p ON p.run_id = r.run_id
     WHERE coalesce(p.events, 0) <> r.event_count
        OR r.event_count <> r.closing_event_count + CASE WHEN r.outcome IS NULL THEN 0 ELSE 1 END
+                            + coalesce(p.read_backs, 0)  -- the read-back that settled an effect_unknown
     UNION ALL
     SELECT 'chain_mismatch', a.run_id, a.action_key, CAST(a.seq AS VARCHAR),
            CASE

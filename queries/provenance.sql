@@ -1,7 +1,8 @@
 -- provenance: for an action_key or a run, each field's value (one row per argument leaf: a nested leaf is
 -- named by JSON Pointer, `/to/account`), where the run read it, whether the model proposed it (`proposal`:
 -- matched, diverged, absent; NULL without a proposal), and who supplied
--- it -- the user (by answering, and where they were asked when the run says so, e.g. `elicitation`; or in
+-- it -- the user (by answering, and where they were asked when the run says so, e.g. `elicitation`, or
+-- `console`: "the user, answering in the console"; or in
 -- their own words at a segment and span), a pre-set value and who
 -- set it, or a system measurement. An inherited (prior_state) value is traced back through the
 -- baseline runs to the executed run that first supplied it, whose evidence it reports.
@@ -80,6 +81,7 @@ SELECT
     CASE
         WHEN s.status <> 'known' THEN 'nobody: the value is unknown'
         WHEN o.run_id IS NULL OR o.source = 'prior_state' THEN 'unknown: the run that first supplied it is not projected'
+        WHEN o.source = 'user_answer' AND o.answer_origin = 'console' THEN 'the user, answering in the console'
         WHEN o.source = 'user_answer' THEN 'the user, answering a question' || coalesce(' through ' || o.answer_origin, '')
         WHEN o.source = 'instruction' THEN printf(
             'the user, in their own words (segment %s, characters %s to %s)',

@@ -11,7 +11,7 @@
 -- param user_id VARCHAR optional: only this user's runs
 -- param agent_id VARCHAR optional: only this agent's runs
 -- param tool VARCHAR optional: only runs of this tool (as the runtime selected it)
--- param decision VARCHAR optional: only this decision (execute, ask_user, hold, deferred) or outcome (executed, failed)
+-- param decision VARCHAR optional: only this decision (execute, ask_user, hold, deferred) or outcome (executed, failed, effect_unknown)
 -- param from_time TIMESTAMPTZ optional: only runs started at or after this time
 -- param to_time TIMESTAMPTZ optional: only runs started before this time
 -- param newest_first BOOLEAN optional: newest first (default: in log order, oldest first)

@@ -557,12 +557,20 @@ class Folder:
     async def _publish(self, letters: Sequence[DeadLetter]) -> None:
         """Publish dead letters and wait for their acks, before the progress that covers them is written."""
         pending = [
-            await self.dlq.send(key=letter.key, value=letter.encode(), force=True)  # force: never deferred to an ack
+            # force: never deferred to an ack
+            await self.dlq.send(key=letter.key, value=letter.encode(), headers=letter.headers(), force=True)
             for letter in letters
         ]
         await asyncio.gather(*pending)
         for letter in letters:
-            log.warning("dead letter %s[%d]@%d: %s", letter.topic, letter.partition, letter.offset, letter.reason)
+            log.warning(
+                "dead letter %s[%d]@%d: %s: %s",
+                letter.topic,
+                letter.partition,
+                letter.offset,
+                letter.dead_letter_code,
+                letter.reason,
+            )
 
     def _notify(self) -> None:
         progressed, self._progressed = self._progressed, asyncio.Event()

@@ -93,7 +93,8 @@ class Missing:
 
 @dataclass(frozen=True)
 class DeadLetter:
-    """A message the fold did not apply, and why. Published to the dead-letter topic as JSON."""
+    """A message the fold did not apply, and why. Published to the dead-letter topic as JSON, with its code
+    (`dead_letter_code`, the projector's for the same defect) in the header ``dead_letter_code``."""
 
     reason: str
     topic: str
@@ -102,17 +103,28 @@ class DeadLetter:
     key: bytes | None
     value: bytes | None
     end_offset: int | None = None
+    code: str = ""
+
+    @property
+    def dead_letter_code(self) -> str:
+        """The letter's code: the one it was given, else the one its reason reads as."""
+        return self.code or dead_letter_code(self.reason)
+
+    def headers(self) -> list[tuple[str, bytes]]:
+        return [("dead_letter_code", self.dead_letter_code.encode())]
 
     def record(self) -> dict[str, Any]:
-        """The dead-letter topic's JSON record: the original bytes in base64, the reason, the source."""
+        """The dead-letter topic's JSON record: the original bytes in base64, the reason (which starts with
+        its code, ``<code>: ...``, as the projector's), the source."""
         key_text: str | None
         try:
             key_text = self.key.decode("utf-8") if self.key is not None else None
         except UnicodeDecodeError:
             key_text = None
+        code = self.dead_letter_code
         return {
             "dead_letter_version": DEAD_LETTER_VERSION,
-            "reason": self.reason,
+            "reason": self.reason if self.reason.startswith(f"{code}: ") else f"{code}: {self.reason}",
             "topic": self.topic,
             "partition": self.partition,
             "offset": self.offset,
@@ -160,41 +172,48 @@ class Progress:
 _PROGRESS_COUNTS = {"offset": -1, "messages": 0, "applied": 0, "dead_letters": 0, "missing": 0}
 
 #: A dead letter's reason, as `fold_partition` and `preflight.fold.evolve` word it, mapped to a short code
-#: (the first pattern found in the reason wins): the label of the dead-letter counters, a bounded set.
+#: (the first pattern found in the reason wins): the label of the dead-letter counters, a bounded set. The
+#: codes are the projector's for the same defect (`projections.decode`, `projections.rows`); where the fold
+#: names the code itself (`preflight.fold.Folded.code`), that one is taken.
 DEAD_LETTER_CODES: tuple[tuple[str, str], ...] = (
     ("no longer in the log", "missing_offsets"),
     ("internal error while folding", "internal_error"),
     ("message has no key", "no_key"),
-    ("message key is not UTF-8", "key_not_utf8"),
+    ("message key is not UTF-8", "undecodable"),
     ("tombstone", "tombstone"),
     ("undecodable", "undecodable"),
     ("unknown event_type", "unknown_event_type"),
-    ("unsupported schema_version", "unsupported_version"),
+    ("unsupported schema_version", "unsupported_schema_version"),
     ("broken hash chain", "broken_chain"),
-    (" seq: expected ", "seq_out_of_order"),
+    (" seq: expected ", "broken_chain"),
     ("does not match the message key", "key_mismatch"),
     ("mixes events of several runs", "mixed_runs"),
-    ("seen before with different content", "conflicting_run"),
-    ("reused by run", "reused_event_id"),
-    ("for a run whose decision was", "outcome_without_execute"),
-    ("without a recorded execute decision", "outcome_without_execute"),
+    ("seen before with different content", "run_id_conflict"),
+    ("reused by run", "event_id_reused"),
+    ("for a run whose decision was", "outcome_for_non_execute"),
+    ("without a recorded execute decision", "outcome_without_run"),
     ("second outcome", "second_outcome"),
-    ("signature", "invalid_decision"),
-    ("expired", "invalid_decision"),
-    ("not valid before", "invalid_decision"),
-    ("validity period", "invalid_decision"),
-    ("occurred_at", "invalid_decision"),
+    ("whose effect is not unknown", "read_back_without_unknown"),
+    ("whose effect is unknown", "second_outcome"),
+    # An outcome's decision, by the projector's codes (`projections.signatures`): unsigned is not badly signed.
+    ("which carries no signature", "unsigned_decision"),
+    ("which carries an unreadable signature", "unsigned_decision"),
+    ("signed by an untrusted key", "untrusted_decision_key"),
+    ("signature", "bad_decision_signature"),
+    ("validity period", "invalid_decision_period"),
+    ("not valid before", "decision_not_yet_valid"),
+    ("expired", "expired_decision"),
+    ("no readable occurred_at", "undated_outcome"),
     ("does not match the approved decision", "outcome_mismatch"),
     ("execution_approved events", "outcome_mismatch"),
     ("cannot be rebuilt", "unrebuildable_run"),
     ("did not rebuild", "unrebuildable_run"),
-    ("run_closed", "malformed_run"),
-    ("run_started", "malformed_run"),
-    ("a tail message carries", "malformed_run"),
-    ("empty array", "malformed_message"),
-    ("not a non-empty list", "malformed_message"),
-    ("is a JSON", "malformed_message"),
-    ("is not a UUID", "malformed_event"),
+    ("incomplete run", "incomplete_run"),
+    ("a tail message carries", "incomplete_run"),
+    ("empty array", "not_an_event_array"),
+    ("not a non-empty list", "not_an_event_array"),
+    ("is a JSON", "not_an_event_array"),
+    ("is not a UUID", "event_id_not_uuid"),
     ("malformed", "malformed_event"),
     ("mistyped", "malformed_event"),
 )
@@ -295,9 +314,10 @@ def fold_partition(
         offset = item.offset
         messages += 1
 
-        def reject(reason: str, item: Incoming = item) -> None:
-            result.dead_letters.append(DeadLetter(reason, topic, partition, item.offset, item.key, item.value))
-            codes[dead_letter_code(reason)] += 1
+        def reject(reason: str, item: Incoming = item, code: str | None = None) -> None:
+            letter = DeadLetter(reason, topic, partition, item.offset, item.key, item.value, code=code or "")
+            result.dead_letters.append(letter)
+            codes[letter.dead_letter_code] += 1
 
         action_key, problem = _key_text(item.key)
         if action_key is None:
@@ -320,7 +340,7 @@ def fold_partition(
             dead += 1
             continue
         if folded.outcome == "anomaly":
-            reject(folded.reason or "anomaly")
+            reject(folded.reason or "anomaly", code=folded.code)
             dead += 1
             continue
         applied += 1

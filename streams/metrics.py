@@ -26,7 +26,7 @@ from preflight.fold import DECISIONS
 from streams.batch import Progress
 
 #: The decisions and outcomes a key's state counts (`preflight.fold.initial_state`).
-OUTCOMES = ("executed", "failed")
+OUTCOMES = ("executed", "failed", "effect_unknown")
 
 
 @dataclass(frozen=True)

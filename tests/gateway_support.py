@@ -8,6 +8,7 @@ gateway asked.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -99,6 +100,7 @@ async def client_of(
     *,
     elicit: Callable[..., Any] | None = None,
     client_name: str = "test-client",
+    message_handler: Callable[..., Any] | None = None,
 ) -> AsyncIterator[ClientSession]:
     """An initialized SDK `ClientSession` talking to `gateway` (with `elicit` as its elicitation callback)."""
     server = gateway.server()
@@ -115,8 +117,35 @@ async def client_of(
             client_streams[0],
             client_streams[1],
             elicitation_callback=elicit,
+            message_handler=message_handler,
             client_info=Implementation(name=client_name, version="1.0"),
         ) as session:
             await session.initialize()
             yield session
         tg.cancel_scope.cancel()
+
+
+async def events_on(bootstrap: str, topic: str) -> list[Any]:
+    """Every event on `topic` so far, each partition read to its end (a gateway in another process published
+    them: this is what the deployment's worker and projector would read)."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    from preflight.events import decode_event, decode_message
+
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None)
+    await consumer.start()
+    try:
+        await consumer.topics()  # the cluster's metadata, this topic's partitions with it
+        partitions = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
+        consumer.assign(partitions)
+        ends = await consumer.end_offsets(partitions)
+        await consumer.seek_to_beginning(*partitions)
+        events: list[Any] = []
+        async with asyncio.timeout(60):
+            while [p for p in partitions if await consumer.position(p) < ends[p]]:
+                batches = await consumer.getmany(*partitions, timeout_ms=1_000)
+                for messages in batches.values():
+                    events += [decode_event(raw) for m in messages for raw in decode_message(m.value)]
+        return events
+    finally:
+        await consumer.stop()

@@ -155,6 +155,8 @@ class _Producer(Protocol):
 
     async def stop(self) -> None: ...
 
+    async def partitions_for(self, topic: str) -> Any: ...
+
     async def send(
         self,
         topic: str,
@@ -332,6 +334,13 @@ class KafkaEventSink:
             except KafkaError as exc:
                 raise SinkStartError(f"cannot start a producer for {self._bootstrap}: {exc!r}") from exc
             self._producer, self._idempotent = producer, idempotent
+
+    async def warm(self) -> None:
+        """Fetch the topic's partitions into the producer's metadata now, so the first publish does not wait
+        for them (a gateway calls this at start; `gateway.warm`)."""
+        producer = self._producer
+        if producer is not None:
+            await producer.partitions_for(self._topic)
 
     async def _new_producer(self, *, idempotent: bool) -> _Producer:
         producer: _Producer = AIOKafkaProducer(

@@ -48,13 +48,16 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from mcp import ClientSession
-from mcp.types import CallToolResult, RequestParamsMeta, TextContent, Tool
+from mcp.shared.exceptions import MCPError
+from mcp.types import CONNECTION_CLOSED, REQUEST_TIMEOUT, CallToolResult, RequestParamsMeta, TextContent, Tool
 
 from preflight.api import Preflight
-from preflight.arguments import call_arguments, leaf_schema
-from preflight.errors import RecordingError
+from preflight.arguments import leaf_schema
+from preflight.errors import EffectUnknownError, RecordingError
 from preflight.extract import proposal_extractor
 from preflight.hooks import Hook, LookupContext
+from preflight.inputs import Tool as ToolDefinition
+from preflight.reads import closed_tool, problem_words, read_only_class
 from preflight.records import AdmissionGate, ExecutionRecord, IntentGate, ToolGate, ValueGate
 
 __all__ = [
@@ -76,6 +79,9 @@ __all__ = [
 
 INSTRUCTION_META_KEY = "preflight-audit/instruction"
 IDEMPOTENCY_META_KEY = "preflight-audit/idempotency-key"
+
+#: The SDK's error codes for a request that got no answer, and why the call's effect is then unknown.
+_UNKNOWN_CAUSES = {REQUEST_TIMEOUT: "timeout", CONNECTION_CLOSED: "connection_closed"}
 
 #: The property of an elicitation form that carries a restatement of the action (tool or intent gate).
 RESTATE_FIELD = "restatement"
@@ -102,6 +108,13 @@ class ToolPolicy:
     approved: bool = False
     #: Arguments a later call may take from the last executed one (tier 4); none by default.
     inherit: frozenset[str] = frozenset()
+    #: Named read-only by the settings (as if it said ``readOnlyHint: true``; a tool that says it is not
+    #: read-only stays a write): its calls are admitted, not preflighted (SPEC §2.7, `preflight.reads`).
+    read_only: bool = False
+    #: A read-only tool put back under the full preflight (its calls judged like a write's).
+    full_preflight: bool = False
+    #: Arguments the tool's ``properties`` does not declare are passed on (otherwise refused by name).
+    allow_undeclared: bool = False
 
 
 @dataclass(frozen=True)
@@ -280,10 +293,12 @@ class GuardedOutcome:
     `status`: ``executed`` / ``failed`` (the tool was called; `result` is its `CallToolResult` when it
     answered), ``asked`` (nothing was called; answer `missing`, `unverified`, the approval or a
     restatement and call again), ``held`` (nothing was called and no answer settles it now; `reason`
-    says why), ``forwarded`` (shadow mode: the decision was recorded and the call forwarded unchanged).
+    says why), ``forwarded`` (shadow mode: the decision was recorded and the call forwarded unchanged),
+    ``effect_unknown`` (the tool was called and did not answer -- it timed out or its connection closed:
+    it may have acted; the action key holds until `Preflight.settle_effect` records a read-back).
     """
 
-    status: Literal["executed", "failed", "asked", "held", "forwarded"]
+    status: Literal["executed", "failed", "asked", "held", "forwarded", "effect_unknown"]
     tool: str
     state: ExecutionRecord | None = None
     result: CallToolResult | None = None
@@ -304,16 +319,30 @@ class GuardedOutcome:
             return f"{self.tool}: called"
         if self.status == "failed":
             return f"{self.tool}: the call failed: {self.reason}"
+        if self.status == "effect_unknown":
+            return (
+                f"{self.tool}: the effect of the call is unknown ({self.reason}): it may have acted. It is not"
+                " retried: calls of it hold until a read-back settles whether it took effect."
+            )
         parts = [f"{self.tool}: nothing was called ({self.reason or self.status})."]
         if self.message:
             parts.append(self.message)
         if self.missing:
-            parts.append("Missing: " + "; ".join(f"{m.name} ({_form_type(m.schema)})" for m in self.missing) + ".")
+            parts.append("Needed: " + "; ".join(_needed(m) for m in self.missing) + ".")
         if self.unverified:
             parts.append("To confirm: " + "; ".join(str(i.get("description") or i["id"]) for i in self.unverified))
         if self.gate == "approval_required":
             parts.append("An approval of this call is needed.")
         return " ".join(parts)
+
+
+def _needed(m: MissingField) -> str:
+    """What is wrong with one unsettled leaf, by name: ``invalid: expected integer, ...`` for a value that
+    breaks its schema, else ``missing (<type>)``."""
+    note = m.note or ""
+    if note.startswith("schema violation"):
+        return f"{m.name}: {problem_words(note.partition('): ')[2] or note)}"
+    return f"{m.name}: missing ({_form_type(m.schema)})"
 
 
 def _form_type(schema: Mapping[str, Any]) -> str:
@@ -460,7 +489,9 @@ class GuardedSession:
 
     `preflight` is built by the caller with `call_hooks()` (``create_preflight(hooks=call_hooks(), ...)``),
     so signing, sealing, ``require_approval`` and the event sink are its settings. With ``shadow=True``
-    every decision is recorded and every call is forwarded unchanged (to measure before enforcing).
+    every decision is recorded and every call is forwarded unchanged (to measure before enforcing), through
+    an unkeyed run of its own that records the outcome (never a baseline). With ``admit_reads=True`` a
+    read-only tool's calls are admitted, not preflighted (SPEC §2.7, `preflight.reads`), as the gateway does.
     """
 
     def __init__(
@@ -475,6 +506,8 @@ class GuardedSession:
         call_upstream: CallUpstream | None = None,
         list_upstream: Callable[[bool], Awaitable[Sequence[Tool | Mapping[str, Any]]]] | None = None,
         read_timeout_s: float | None = 60.0,
+        admit_reads: bool = False,
+        environment_of: Callable[[str], Mapping[str, Any] | None] | None = None,
     ) -> None:
         if session is None and (call_upstream is None or list_upstream is None):
             raise ValueError("a GuardedSession needs a ClientSession, or both call_upstream and list_upstream")
@@ -487,6 +520,10 @@ class GuardedSession:
         self._call_upstream = call_upstream
         self._list_upstream = list_upstream
         self._timeout = read_timeout_s
+        #: Read-only tools admitted, not preflighted (SPEC §2.7; the gateway's clients send no user words).
+        self.admit_reads = admit_reads
+        #: The environment a call of a tool would act on (§4: not ``ready`` holds it), e.g. its upstream down.
+        self._environment_of = environment_of
         self._tools: dict[str, dict[str, Any]] | None = None
 
     async def list_tools(self, *, refresh: bool = False) -> list[dict[str, Any]]:
@@ -574,6 +611,11 @@ class GuardedSession:
         proposal = {} if arguments is None else arguments
         listed = await self._tool(name)
         tool = listed if listed is not None else {"name": name}  # no schema: the engine holds it, recorded
+        policy = self.policy.for_tool(name)
+        if listed is not None and self.admit_reads and not self.shadow and self._is_read(listed, policy):
+            return await self._read(listed, proposal, policy)
+        if not policy.allow_undeclared:
+            tool = closed_tool(tool)  # an undeclared argument is refused by name, never asked (SPEC §2.7)
         inp = self.run_input(
             tool,
             instruction=instruction,
@@ -585,6 +627,9 @@ class GuardedSession:
             intent_attempt=intent_attempt,
         )
         inp["proposed_arguments"] = proposal  # not an object: the engine holds the run (proposal_invalid)
+        environment = self._environment(name)
+        if environment is not None:
+            inp["environment"] = environment
         token = _CURRENT.set(_Call(name, self.policy.for_tool(name)))
         try:
             state = await self.preflight.run_and_record(inp)
@@ -597,11 +642,8 @@ class GuardedSession:
             return GuardedOutcome(
                 "held", name, state, reason="the proposed arguments are not a JSON object: nothing called"
             )
-        if self.shadow and (
-            decision != "execute" or call_arguments({f.name: f.value for f in state.fields or ()}) != proposal
-        ):
-            result = await self._forward(name, dict(proposal), {})
-            return GuardedOutcome("forwarded", name, state, result=result, reason=f"shadow: decided {decision}")
+        if self.shadow:
+            return await self._shadow(tool, proposal, state)
         if listed is None:
             # Recorded (an action-definition gap: the model chose a tool that does not exist), never asked:
             # no answer of the user's makes a missing tool exist.
@@ -610,13 +652,75 @@ class GuardedSession:
             return _outcome_of(state, tool)
         return await self._execute(state, tool)
 
+    @staticmethod
+    def _is_read(tool: Mapping[str, Any], policy: ToolPolicy) -> bool:
+        if policy.full_preflight:
+            return False
+        try:
+            return read_only_class(ToolDefinition.model_validate(tool), policy.read_only)
+        except ValueError:
+            return False  # a definition the engine cannot read: the preflight holds it, recorded
+
+    def _environment(self, name: str) -> dict[str, Any] | None:
+        found = self._environment_of(name) if self._environment_of is not None else None
+        return dict(found) if found is not None else None
+
+    def _unkeyed_input(self, tool: Mapping[str, Any], proposal: Any) -> dict[str, Any]:
+        inp = {
+            "user_id": self.user_id,
+            "agent_id": self.agent_id,
+            "instruction": [],
+            "tool": dict(tool),
+            "proposed_arguments": proposal,
+        }
+        environment = self._environment(str(tool["name"]))
+        if environment is not None:
+            inp["environment"] = environment
+        return inp
+
+    async def _read(self, tool: Mapping[str, Any], proposal: Any, policy: ToolPolicy) -> GuardedOutcome:
+        """A read-only call: admitted, not preflighted (SPEC §2.7): no question, whatever the client."""
+        name = str(tool["name"])
+        checked = tool if policy.allow_undeclared else closed_tool(tool)
+        try:
+            state = await self.preflight.admit_read(
+                self._unkeyed_input(checked, proposal), named_read_only=policy.read_only
+            )
+        except RecordingError as exc:
+            return GuardedOutcome("held", name, reason=f"fail closed: the decision was not recorded ({exc})")
+        if state.execution_decision != "execute":
+            return GuardedOutcome("held", name, state, reason=state.reason, gate=getattr(state.gate, "kind", None))
+        return await self._execute(state, tool)
+
+    async def _shadow(self, tool: Mapping[str, Any], proposal: Any, judged: ExecutionRecord) -> GuardedOutcome:
+        """Shadow mode: the call forwarded unchanged, through a run of its own that records its outcome,
+        unkeyed and so never a baseline (`preflight.reads.decide_forward`)."""
+        name = str(tool["name"])
+        why = f"shadow: decided {judged.execution_decision}, forwarded unchanged"
+        try:
+            state = await self.preflight.record_forward(self._unkeyed_input(tool, proposal), reason=why)
+        except RecordingError as exc:
+            return GuardedOutcome("held", name, reason=f"fail closed: the forwarded call was not recorded ({exc})")
+        done = await self._execute(state, tool)
+        if done.status == "executed":  # the decision judged, and the forwarded call's result
+            return GuardedOutcome("forwarded", name, judged, result=done.result, reason=why, decision=done.decision)
+        return done
+
     async def _execute(self, state: ExecutionRecord, tool: Mapping[str, Any]) -> GuardedOutcome:
         name = str(tool["name"])
         decision_id = state.run_ref.decision_id if state.run_ref is not None else None
         meta = {IDEMPOTENCY_META_KEY: decision_id} if decision_id else {}
 
         async def call(tool_name: str, args: dict[str, Any]) -> CallToolResult:
-            return await self._forward(tool_name, args, meta)
+            try:
+                return await self._forward(tool_name, args, meta)
+            except MCPError as exc:
+                # No answer came: the call timed out, or the server's connection closed first. The server
+                # may have acted, so the effect is unknown (never `failed`).
+                cause = _UNKNOWN_CAUSES.get(exc.error.code)
+                if cause is None:
+                    raise
+                raise EffectUnknownError(f"{tool_name}: {exc.error.message}", cause) from exc
 
         # The engine calls with its settled arguments and reads the result (`preflight.results`: an
         # ``isError`` result is `failed`); a call that raises (an upstream gone) is `failed` too.
@@ -624,6 +728,6 @@ class GuardedSession:
         result = outcome.result if isinstance(outcome.result, CallToolResult) else None
         if outcome.status == "held":
             return GuardedOutcome("held", name, outcome.state, reason=outcome.reason, decision=decision_id)
-        status: Literal["executed", "failed"] = outcome.status
+        status: Literal["executed", "failed", "effect_unknown"] = outcome.status
         reason = "" if outcome.error is None else f"{type(outcome.error).__name__}: {outcome.error}"
         return GuardedOutcome(status, name, outcome.state, result=result, reason=reason, decision=decision_id)

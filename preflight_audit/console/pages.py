@@ -168,6 +168,8 @@ def run_steps(run: Mapping[str, Any], fields: Sequence[Mapping[str, Any]]) -> li
         steps.append(Step("executed", "executed"))
     elif outcome == "failed":
         steps.append(Step("failed", "the tool call failed"))
+    elif outcome == "effect_unknown":
+        steps.append(Step("effect_unknown", "the call did not answer: its effect is unknown (not retried)"))
     return steps
 
 

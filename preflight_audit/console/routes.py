@@ -46,7 +46,7 @@ from preflight_audit.access import analyst_rows, compliance_rows
 from preflight_audit.console import pages
 from preflight_audit.export import export_parquet
 from preflight_audit.guard import SECURITY_HEADERS
-from preflight_audit.sessions import Sessions, role_of_token
+from preflight_audit.sessions import Sessions, TooManyFailures, role_of_token
 
 __all__ = ["COOKIE", "HEAVY_AT_ONCE", "PAGE_SIZE", "install", "too_many_page"]
 
@@ -257,14 +257,22 @@ async def login(request: Request) -> Response:
     form = urllib.parse.parse_qs((await request.body()).decode("utf-8", "replace"), max_num_fields=4)
     token = (form.get("token") or [""])[0].strip()
     target = _safe_next((form.get("next") or [""])[0])
-    role = role_of_token(request, token) if token else None
-    if role is None:
+    # A user answering their own questions (`preflight_audit.console.questions`) signs in with a user token;
+    # everyone else with a role's token (an unknown one counted against the address).
+    users = getattr(request.app.state, "question_users", None)
+    user = users.user_of(token) if users is not None and token else None
+    if user is not None:
+        refused_for = request.app.state.failure_limit.retry_after(request.client.host if request.client else "unknown")
+        if refused_for is not None:
+            raise TooManyFailures(refused_for)
+    role = role_of_token(request, token) if token and user is None else None
+    if role is None and user is None:
         return _page(request, "login.html", 401, next=target, error="That token is not one this console knows.")
     sessions: Sessions = request.app.state.sessions
     response = RedirectResponse(target, status_code=303, headers=_SECURITY_HEADERS)
     response.set_cookie(
         COOKIE,
-        sessions.start(role),
+        sessions.start(role or "user", user=user),
         max_age=int(sessions.lifetime_s),
         httponly=True,
         samesite="strict",
@@ -307,7 +315,7 @@ _SEARCH_COLUMNS = (
     "gap_class",
     "readable_action_key",
 )
-DECISIONS = ("execute", "ask_user", "hold", "deferred", "executed", "failed")
+DECISIONS = ("execute", "ask_user", "hold", "deferred", "executed", "failed", "effect_unknown")
 
 
 @router.get("/", response_class=HTMLResponse)
@@ -499,6 +507,7 @@ def run_page(
     run = found[0]
     fields = who.rows("provenance", _run(con, "provenance", run_id=run_id))
     slots = [_field_answer(s) for s in who.rows("responsibility", _run(con, "responsibility", run_id=run_id))]
+    effects = _run(con, "effects", run_id=run_id)  # a call whose effect was unknown, and its read-back
     csv = _csv(request, {"fields": (_FIELD_COLUMNS, fields), "responsibility": (_columns(slots), slots)})
     if csv is not None:
         return csv
@@ -512,6 +521,7 @@ def run_page(
         accountable=pages.accountable(slots),
         steps=pages.run_steps(run, fields),
         gate=pages.gate_in_words(run),
+        effects=effects,
     )
 
 

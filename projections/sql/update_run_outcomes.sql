@@ -1,4 +1,5 @@
--- An outcome (executed / execution_failed) for a run stored by an earlier batch.
+-- An outcome (executed / execution_failed / effect_unknown, or the read-back that settles an effect_unknown)
+-- for a run stored by an earlier batch.
 UPDATE runs
 SET outcome = u.outcome,
     outcome_at = TRY_CAST(u.outcome_at AS TIMESTAMPTZ),
@@ -7,4 +8,4 @@ SET outcome = u.outcome,
     last_hash = u.last_hash
 FROM batch_run_outcomes AS u
 WHERE runs.run_id = u.run_id
-  AND runs.outcome IS NULL;
+  AND (runs.outcome IS NULL OR runs.outcome = 'effect_unknown');

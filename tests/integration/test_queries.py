@@ -178,6 +178,7 @@ class TestNamesAndParameters:
     def test_the_named_queries(self) -> None:
         assert queries.names() == [
             "dead_letters",
+            "effects",
             "gap_rates",
             "id_prefix",
             "integrity",

@@ -94,6 +94,7 @@ def _parameters(con: duckdb.DuckDBPyConnection) -> list[tuple[str, dict[str, Any
         ("proposal_divergence", {}),
         ("dead_letters", {}),
         ("readable_actions", {}),
+        ("effects", {}),
         ("runs_search", whole),
     ]
     asked += [("gap_rates", {"from_day": d, "to_day": d}) for d in days]

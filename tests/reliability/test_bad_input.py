@@ -13,13 +13,15 @@ throughout. Then, per kind, what must hold:
 and for the stream as a whole: both processes stayed up, neither skipped an offset (every offset is
 folded, and archived or dead-lettered, exactly once), and every good run is archived and folded.
 
-The kinds: malformed JSON (truncated, not UTF-8, not an array), an unknown `event_type`, an unsupported
-`schema_version`, missing fields (`schema_version`; another of the envelope; of an event's body),
-oversized values (an integer literal and a nesting beyond the parser's limits; a value nested deeper
-than can be written back), a tombstone, a message without a key, a repeated `event_id` with different
-content (in another run; the same run rewritten), a repeated and an out-of-order `seq`, and a broken
-hash. Where a bad message needs a valid chain to reach the check it is about, its chain is sealed
-again after the damage.
+The kinds: runs valid under the event models that the contract refuses (a field without its `status`, an
+empty closing record or one without `fields_computed`, an `occurred_at` that is not a time: each once
+stopped or split the consumers, and now gets the same named code from both), malformed JSON (truncated,
+not UTF-8, not an array), an unknown `event_type`, an unsupported `schema_version`, missing fields
+(`schema_version`; another of the envelope; of an event's body), oversized values (an integer literal and
+a nesting beyond the parser's limits; a value nested deeper than can be written back), a tombstone, a
+message without a key, a repeated `event_id` with different content (in another run; the same run
+rewritten), a repeated and an out-of-order `seq`, and a broken hash. Where a bad message needs a valid
+chain to reach the check it is about, its chain is sealed again after the damage.
 """
 
 from __future__ import annotations
@@ -144,6 +146,22 @@ def _too_deep(raw: Raw) -> None:
     raw[_field_index(raw)]["field"]["value"] = _nested(300)
 
 
+def _no_status(raw: Raw) -> None:
+    del raw[_field_index(raw)]["field"]["status"]
+
+
+def _empty_record(raw: Raw) -> None:
+    raw[-1]["record"] = {}
+
+
+def _no_fields_computed(raw: Raw) -> None:
+    del raw[-1]["record"]["fields_computed"]
+
+
+def _not_a_time(raw: Raw) -> None:
+    raw[1]["occurred_at"] = "not a time"
+
+
 def _seq_repeated(raw: Raw) -> None:
     raw.insert(2, dict(raw[1]))  # seq 0, 1, 1, 2, ...
 
@@ -222,6 +240,11 @@ KINDS = [
     Kind("seq_repeated", _damaged(_seq_repeated, reseal=True), "repeated seq", "broken_chain"),
     Kind("seq_out_of_order", _damaged(_seq_out_of_order, reseal=True), "gap in seq", "broken_chain"),
     Kind("broken_hash", _damaged(_altered_value, reseal=False), "broken hash chain", "broken_chain"),
+    # Valid under the models, refused by the contract (SPEC §5): each stopped or split the consumers once.
+    Kind("field_without_status", _damaged(_no_status, reseal=True), "invalid_field: ", "invalid_field"),
+    Kind("empty_record", _damaged(_empty_record, reseal=True), "invalid_record: ", "invalid_record"),
+    Kind("no_fields_computed", _damaged(_no_fields_computed, reseal=True), "invalid_record: ", "invalid_record"),
+    Kind("not_a_time", _damaged(_not_a_time, reseal=True), "invalid_time: ", "invalid_time"),
 ]
 
 
@@ -255,6 +278,8 @@ class World:
     offsets: dict[int, int]
     projector_topic: str
     projector_topic_letters: dict[tuple[int, int], dict[str, Any]]
+    #: The ``dead_letter_code`` header of each of the worker's dead letters, by its message's position.
+    worker_codes: dict[tuple[int, int], str]
 
     def bad(self, name: str) -> Sent:
         return next(s for s in self.sent if s.kind == name)
@@ -311,6 +336,11 @@ async def _build(bootstrap: str, directory: Path) -> World:
         projector_exit = await asyncio.to_thread(projector.stop)
         projector_log = projector.log_tail(200)
         await project_to_end(bootstrap, topic, live)
+        worker_codes = {
+            (r["partition"], r["offset"]): dict(m.headers)["dead_letter_code"].decode()
+            for m in await read_topic(bootstrap, rig.settings.dlq_topic, None)
+            for r in [json.loads(m.value)]
+        }
         dlq = default_dead_letter_topic(topic)
         topic_letters = {
             (r["partition"], r["offset"]): r
@@ -336,6 +366,7 @@ async def _build(bootstrap: str, directory: Path) -> World:
         offsets={r["partition"]: r["next_offset"] for r in read_table(live, "consumer_offsets")},
         projector_topic=dlq,
         projector_topic_letters=topic_letters,
+        worker_codes=worker_codes,
     )
 
 
@@ -368,6 +399,19 @@ def test_the_worker_dead_letters_it_with_its_reason_and_bytes(world: World, kind
     assert kind.worker_reason in letter["reason"], letter["reason"]
     assert letter["topic"] == world.topic
     assert (letter["value_b64"], letter["key_b64"]) == (_b64(sent.value), _b64(sent.key))
+
+
+#: The kinds the consumers' shared verdict (`preflight.verdict`) names: the same code from both.
+VERDICT_KINDS = ("field_without_status", "empty_record", "no_fields_computed", "not_a_time")
+
+
+@pytest.mark.parametrize("name", VERDICT_KINDS)
+def test_the_worker_and_the_projector_name_it_alike(world: World, name: str) -> None:
+    sent = world.bad(name)
+    at = (sent.partition, sent.offset)
+    code = world.letters[at]["code"]
+    assert world.worker_codes.get(at) == code
+    assert world.worker_letters[at]["reason"].startswith(f"{code}: ")
 
 
 @pytest.mark.parametrize("kind", _params(lambda kind: kind.projector_defect))

@@ -30,6 +30,7 @@ from hypothesis import strategies as st
 from preflight import MemoryStorage, create_preflight
 from preflight import scenario as sc
 from preflight.events import TAIL_EVENT_TYPES, content_hash, encode_message, kafka_key, verify_run
+from preflight.verdict import CODES
 from projections.decode import Incoming as ProjectorIncoming
 from projections.decode import Rejected, decode_incoming
 from streams.batch import Incoming as WorkerIncoming
@@ -62,6 +63,7 @@ PROJECTOR_CODES = frozenset(
         "outcome_for_non_execute",
         "outcome_mismatch",
         "second_outcome",
+        *CODES,  # the contract's verdict, shared with the fold (`preflight.verdict`)
     }
 )
 

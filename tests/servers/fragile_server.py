@@ -5,7 +5,9 @@
 process mid-call (exit code 3, no answer); calling a listed tool answers ``<name> ok``; calling a tool
 no longer listed is an ``isError`` result. A tool named ``send`` takes a nested argument
 (``to: {account, bank_code}``, both required, and an optional ``memo``) and answers with the arguments it
-received, as JSON.
+received, as JSON. Two tools that write (``destructiveHint: false``) take ``{repo_path, branch_name}``:
+``branch_then_crash`` creates the branch with git, then ends the process before answering (its effect is
+real, and unknown to the caller); ``branch_hang`` never answers and creates nothing.
 """
 
 from __future__ import annotations
@@ -44,7 +46,17 @@ SEND_SCHEMA: dict[str, Any] = {
 }
 
 
+BRANCH_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"repo_path": {"type": "string"}, "branch_name": {"type": "string"}},
+    "required": ["repo_path", "branch_name"],
+}
+WRITES = ("branch_then_crash", "branch_hang")
+
+
 def schema_of(name: str) -> dict[str, Any]:
+    if name in WRITES:
+        return BRANCH_SCHEMA
     return SEND_SCHEMA if name == "send" else {"type": "object", "properties": {}}
 
 
@@ -55,7 +67,9 @@ async def list_tools(ctx: Any, params: Any) -> ListToolsResult:
                 name=name,
                 description=f"{name} something",
                 input_schema=schema_of(name),
-                annotations=ToolAnnotations(read_only_hint=True),
+                annotations=ToolAnnotations(read_only_hint=True)
+                if name not in WRITES
+                else ToolAnnotations(read_only_hint=False, destructive_hint=False),
             )
             for name in listed()
         ]
@@ -67,6 +81,12 @@ async def call_tool(ctx: Any, params: CallToolRequestParams) -> CallToolResult:
         os._exit(3)
     if params.name not in listed():
         return CallToolResult(content=[TextContent(type="text", text=f"no tool {params.name}")], is_error=True)
+    if params.name == "branch_then_crash":
+        args = params.arguments or {}
+        await anyio.run_process(["git", "-C", str(args["repo_path"]), "branch", str(args["branch_name"])])
+        os._exit(3)
+    if params.name == "branch_hang":
+        await anyio.sleep_forever()
     if params.name == "send":
         text = json.dumps(params.arguments or {}, sort_keys=True)
         return CallToolResult(content=[TextContent(type="text", text=text)])

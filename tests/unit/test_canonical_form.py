@@ -178,7 +178,9 @@ def _incoming(events: list[Any]) -> Incoming:
 
 def test_the_projector_accepts_version_3_where_the_forms_differ_and_refuses_it_hashed_the_old_way() -> None:
     bodies = [event_body(e) for e in _decided_events()]
-    bodies[-1]["record"] = {**bodies[-1]["record"], "ratio": 1e16, "\ue000": 1, "\U0001f600": 2}
+    # Where the contract takes any member (a field's evidence; the closing record's members are fixed).
+    at = next(i for i, b in enumerate(bodies) if b["event_type"] == "field_resolved")
+    bodies[at]["evidence"] = {**bodies[at]["evidence"], "ratio": 1e16, "\ue000": 1, "\U0001f600": 2}
     assert isinstance(decode_incoming(_incoming(_rechained(bodies))), VerifiedRun)
     # Version 3 claimed, but hashed and written the old way (keys by code point, 1e+16): refused.
     forged, prev = [], GENESIS_HASH

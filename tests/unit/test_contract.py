@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import json
+from importlib import resources
 from typing import Any
 
 import pytest
@@ -18,7 +19,7 @@ from jsonschema import Draft202012Validator
 from ledger.digest import ARCHIVE_COLUMNS as LEDGER_COLUMNS
 from preflight import DecisionSigner, MemoryStorage, ValueProtector, create_preflight
 from preflight import scenario as sc
-from preflight.contract import CONTRACT_FILE, event_schema, load, render
+from preflight.contract import CONTRACT_DOC, CONTRACT_FILE, event_schema, load, render, render_document
 from preflight.events import EVENT_TYPES, Envelope, encode_event
 from preflight.testing import MemoryKeyStore
 from projections.rows import ARCHIVE
@@ -35,10 +36,20 @@ def test_the_checked_in_contract_is_current() -> None:
     assert render().endswith("\n")
 
 
+def test_the_checked_in_contract_document_is_current() -> None:
+    written = (resources.files("preflight.contract") / CONTRACT_DOC).read_text("utf-8")
+    assert written == render_document(), f"{CONTRACT_DOC} is stale: run `python -m preflight.contract`"
+
+
 def test_the_contract_is_a_valid_json_schema_of_every_event_type() -> None:
     contract = load()
     Draft202012Validator.check_schema(contract)
-    assert set(contract["discriminator"]["mapping"]) == EVENT_TYPES
+    assert "discriminator" not in json.dumps(contract)  # OpenAPI's keyword: strict validators refuse it
+    consts = {
+        contract["$defs"][ref["$ref"].rsplit("/", 1)[-1]]["properties"]["event_type"]["const"]
+        for ref in contract["oneOf"]
+    }
+    assert consts == EVENT_TYPES
 
 
 async def _events() -> list[Any]:
@@ -56,7 +67,11 @@ async def _events() -> list[Any]:
         failed = await pf.execute_if_ready(again, sc.BANK_TOOL, lambda n, a: {"isError": True, "content": []})
         assert (done.status, replay.status, failed.status) == ("executed", "held", "failed")
         assert replay.refusal is not None
-        runs = [done.state, replay.refusal, failed.state]
+        third = await pf.run_and_record(sc.transfer(user_answers={"to_account": "2200119"}))
+        unknown = await pf.execute_if_ready(third, sc.BANK_TOOL, _times_out)
+        assert unknown.status == "effect_unknown"
+        settled = await pf.settle_effect(unknown.state, took_effect=True, basis="user", reason="the user said so")
+        runs = [done.state, replay.refusal, failed.state, settled]
         for engine_hooks, extra in (
             ({}, {}),
             ({"classify_when_case": lambda i: "scheduled", "apply_field_policy": _pending}, {}),
@@ -72,6 +87,10 @@ async def _events() -> list[Any]:
         runs.append(await gated.run_and_record(sc.transfer(user_answers={"to_account": "2200119"})))
         events += [e for r in runs for e in r.run_events]
     return events
+
+
+def _times_out(name: str, args: Any) -> Any:
+    raise TimeoutError("no answer in time")
 
 
 def _pending(record: dict[str, Any], ctx: Any) -> dict[str, Any]:

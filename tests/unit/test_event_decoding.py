@@ -113,7 +113,9 @@ def corpus() -> tuple[PreflightEvent, ...]:
             state = await pf.run_and_record({**RUN_INPUT, **(extra or {})})
             if call is not None:
                 assert state.execution_decision == "execute", state.reason
-                await pf.execute_if_ready(state, RUN_INPUT["tool"], call)
+                outcome = await pf.execute_if_ready(state, RUN_INPUT["tool"], call)
+                if outcome.status == "effect_unknown":
+                    await pf.settle_effect(outcome.state, took_effect=False, basis="user", reason="the user said")
 
         def ok(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
             return {"transfer_id": "t-1"}
@@ -121,8 +123,12 @@ def corpus() -> tuple[PreflightEvent, ...]:
         def boom(name: str, arguments: dict[str, Any]) -> Any:
             raise TimeoutError("provider did not answer")
 
+        def broken(name: str, arguments: dict[str, Any]) -> Any:
+            raise RuntimeError("provider refused")
+
         await run("immediate", True, ok)
-        await run("immediate", True, boom)
+        await run("immediate", True, boom)  # no answer: effect unknown, then read back
+        await run("immediate", True, broken)
         await run("scheduled", True)
         await run("immediate", False)
         await run("soon", True)

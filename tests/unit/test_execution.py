@@ -130,13 +130,13 @@ class TestExecuteIfReady:
     async def test_a_raised_call_is_failed_never_retried_and_never_a_baseline(self) -> None:
         pf = sc.engine()
         state = await pf.run_and_record(transfer(**READY))
-        calls = CallLog(TimeoutError("gateway timeout"))
+        calls = CallLog(ConnectionRefusedError("gateway refused"))  # an answer; a timeout is `effect_unknown`
         outcome = await pf.execute_if_ready(state, sc.BANK_TOOL, calls)
         assert outcome.status == "failed"
-        assert isinstance(outcome.error, TimeoutError)
+        assert isinstance(outcome.error, ConnectionRefusedError)
         assert len(calls.calls) == 1
         assert outcome.state.execution_decision == "failed"
-        assert "gateway timeout" in outcome.state.reason
+        assert "gateway refused" in outcome.state.reason
         assert await pf.prior_state("u_01:bank.transfer") is None
         again = await pf.execute_if_ready(state, sc.BANK_TOOL, calls)
         assert again.status == "held"

@@ -83,10 +83,10 @@ class TestFoldPartition:
         ("key", "value", "reason", "code"),
         [
             (None, b"[]", "no key", "no_key"),
-            (b"\xff\xfe", b"[]", "not UTF-8", "key_not_utf8"),
+            (b"\xff\xfe", b"[]", "not UTF-8", "undecodable"),
             (KEY.encode(), None, "tombstone", "tombstone"),
             (KEY.encode(), b"{not json", "undecodable", "undecodable"),
-            (KEY.encode(), b"[]", "empty array", "malformed_message"),
+            (KEY.encode(), b"[]", "empty array", "not_an_event_array"),
             (KEY.encode(), b'[{"event_type":"mystery"}]', "unknown event_type", "unknown_event_type"),
         ],
     )

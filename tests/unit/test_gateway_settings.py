@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from gateway.init import GATEWAY_ENTRY, init_gateway
+from gateway.init import GATEWAY_ENTRY, default_command, init_gateway
 from gateway.settings import GatewaySettingsError, SettingsFile, TokenFile, parse_config
 from preflight.adapters.mcp import ToolPolicy
 from preflight_audit.cli import app
@@ -109,8 +109,9 @@ class TestInit:
         assert set(config.servers) == {"git", "files", "search"}
         assert new["theme"] == "dark"
         assert new["mcpServers"] == {
-            GATEWAY_ENTRY: {"command": "preflight-audit", "args": ["gateway", "--config", str(out.resolve())]}
+            GATEWAY_ENTRY: {"command": default_command(), "args": ["gateway", "--config", str(out.resolve())]}
         }
+        assert Path(default_command()).is_absolute() and Path(default_command()).name == "preflight-audit"
 
     def test_init_never_overwrites(self, tmp_path: Path) -> None:
         client = tmp_path / "client.json"
@@ -130,6 +131,26 @@ class TestInit:
         printed = json.loads(result.stdout)
         assert list(printed["mcpServers"]) == [GATEWAY_ENTRY]
         assert out.exists()
+
+    def test_the_command_writes_the_deployments_env_and_warns_of_a_private_broker(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        client = tmp_path / "client.json"
+        client.write_text(json.dumps(CLIENT))
+        monkeypatch.chdir(tmp_path)
+        monkeypatch.setenv("PREFLIGHT_BROKER", "127.0.0.1:19092")
+        monkeypatch.setenv("PREFLIGHT_DATA_DIR", "rel/var")
+        monkeypatch.setenv("PREFLIGHT_KEY_DIR", "rel/keys")
+        result = CliRunner().invoke(app, ["gateway", "init", str(client), "--out", "a.toml"])
+        assert result.exit_code == 0, result.output
+        env = json.loads(result.stdout)["mcpServers"][GATEWAY_ENTRY]["env"]
+        assert env["PREFLIGHT_BROKER"] == "127.0.0.1:19092"
+        assert env["PREFLIGHT_DATA_DIR"] == str(tmp_path / "rel" / "var")
+        assert env["PREFLIGHT_KEY_DIR"] == str(tmp_path / "rel" / "keys")
+        assert "private embedded broker" not in result.stderr
+        monkeypatch.setenv("PREFLIGHT_BROKER", "embedded")
+        embedded = CliRunner().invoke(app, ["gateway", "init", str(client), "--out", "b.toml"])
+        assert embedded.exit_code == 0 and "private embedded broker" in embedded.stderr
 
     def test_a_client_config_without_servers_is_a_usage_error(self, tmp_path: Path) -> None:
         client = tmp_path / "client.json"

@@ -600,11 +600,12 @@ class TestFold:
     async def test_an_outcome_that_does_not_match_its_decision_is_an_anomaly(self, name: str) -> None:
         run, tail = await self.executed(None)
         body = {k: v for k, v in tail[0].items() if k != "hash"}
-        body[name] = "forged"
+        forged_value = "sha256:" + "f" * 64 if name == "arguments_digest" else "forged"  # a digest's form
+        body[name] = forged_value
         forged = [{**body, "hash": content_hash(body["prev_hash"], body)}]
         folded = self.fold(run, forged, None)
         assert folded.outcome == "anomaly"
-        assert f"executed {name} 'forged' does not match the approved decision's" in (folded.reason or "")
+        assert f"executed {name} {forged_value!r} does not match the approved decision's" in (folded.reason or "")
 
     def test_fold_sees_through_a_rechained_signature_edit(self) -> None:
         async def go() -> Any:

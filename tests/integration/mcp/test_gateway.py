@@ -40,7 +40,10 @@ def settings_path(
         "time": stdio_entry(time_params),
         "files": stdio_entry(filesystem_params),
     }
-    return write_settings(tmp_path / "gateway.toml", servers=servers)
+    # git_status is read-only (admitted, not preflighted: test_gateway_reads); put back under the full
+    # preflight here, so these tests judge its arguments like a write's.
+    extra = "[tools.git_status]\nfull_preflight = true\n"
+    return write_settings(tmp_path / "gateway.toml", servers=servers, extra=extra)
 
 
 @asynccontextmanager
@@ -154,7 +157,7 @@ class TestCalls:
             result = await call(session, "git_status", {"repo_path": proposed}, said("show the git status"))
         assert result.is_error is True
         text = result_text(result)
-        assert "repo_path (string)" in text and "elicitation" in text and proposed not in text
+        assert "repo_path: missing (string)" in text and "elicitation" in text and proposed not in text
 
 
 class TestProposedArguments:
@@ -263,31 +266,39 @@ class TestShadow:
             result = await call(session, "git_status", {"repo_path": str(git_repository)})
         assert result.is_error is False and "On branch main" in result_text(result)
         assert user.asked == []
-        assert [r.execution_decision for r in runs_of(sink)] == ["ask_user"]
+        # The decision, and the forwarded call's own run with its outcome: unkeyed, so never a baseline.
+        decided, forwarded = runs_of(sink)
+        assert decided.execution_decision == "ask_user"
+        assert forwarded.execution_decision == "executed" and forwarded.action_key is None
+        assert "shadow" in forwarded.reason
         assert {e.agent_id for e in sink.events} == {"test-client+shadow"}
 
 
-def fragile(tmp_path: Path, names: list[str]) -> tuple[Path, Path]:
-    """Settings for a gateway over the fragile test server, and the file that holds its tool list."""
+def fragile(tmp_path: Path, names: list[str], settings: dict[str, str] | None = None) -> tuple[Path, Path]:
+    """Settings for a gateway over the fragile test server, and the file that holds its tool list. Its tools
+    are read-only; each is put back under the full preflight (`full_preflight`), with `settings` TOML lines
+    of its own, so these tests judge them like writes."""
     tools = tmp_path / "tools.json"
     tools.write_text(json.dumps(names))
     entry = {"command": sys.executable, "args": [str(FRAGILE), str(tools)]}
-    return write_settings(tmp_path / "fragile.toml", servers={"fragile": entry}), tools
+    extra = "".join(f"[tools.{n}]\nfull_preflight = true\n{(settings or {}).get(n, '')}\n" for n in names)
+    return write_settings(tmp_path / "fragile.toml", servers={"fragile": entry}, extra=extra), tools
 
 
 FRAGILE = Path(__file__).resolve().parents[2] / "servers" / "fragile_server.py"
 
 
 class TestUpstreamFailures:
-    async def test_an_upstream_that_dies_mid_call_is_a_named_error_and_a_failed_record(self, tmp_path: Path) -> None:
+    async def test_an_upstream_that_dies_mid_call_is_a_named_error_and_an_unknown_effect(self, tmp_path: Path) -> None:
         path, _ = fragile(tmp_path, ["crash", "alpha"])
         async with gateway_with_sink(path) as (gw, sink), client_of(gw, elicit=Scripted()) as session:
             result = await call(session, "crash", {}, said("crash it"))
             again = await call(session, "alpha", {}, said("alpha please"))
-        assert result.is_error is True and "the call failed" in result_text(result)
+        assert result.is_error is True and "the effect of the call is unknown" in result_text(result)
         assert again.is_error is True
-        assert "not connected" in result_text(again)  # the dead upstream is down at once, named
-        assert [r.execution_decision for r in runs_of(sink)] == ["failed", "failed"]
+        assert "upstream 'fragile' is down" in result_text(again)  # down at once, named
+        # The next call is judged with its environment not ready (SPEC §4): a recorded hold, nothing called.
+        assert [r.execution_decision for r in runs_of(sink)] == ["effect_unknown", "hold"]
 
     async def test_a_tool_list_that_changes_between_calls_is_answered_not_crashed(self, tmp_path: Path) -> None:
         path, tools = fragile(tmp_path, ["alpha"])
@@ -319,9 +330,9 @@ class TestRestatement:
 
 class TestChecklist:
     async def test_a_checklist_item_from_the_settings_is_confirmed_by_the_user(self, tmp_path: Path) -> None:
-        path, _ = fragile(tmp_path, ["alpha"])
-        with path.open("a") as f:
-            f.write('\n[tools.alpha]\nchecklist = [{ id = "backup", description = "a backup was made today" }]\n')
+        path, _ = fragile(
+            tmp_path, ["alpha"], {"alpha": 'checklist = [{ id = "backup", description = "a backup was made today" }]\n'}
+        )
         user = Scripted([{"confirm:backup": True}])
         async with gateway_with_sink(path) as (gw, _), client_of(gw, elicit=user) as session:
             result = await call(session, "alpha", {}, said("alpha please"))

@@ -73,7 +73,9 @@ class TestGatewayProcess:
         git_params: StdioServerParameters,
         git_repository: Path,
     ) -> None:
-        config = write_settings(tmp_path / "gateway.toml", servers={"git": stdio_entry(git_params)})
+        # git_status is read-only (admitted, not preflighted); put back under the full preflight to be asked.
+        extra = "[tools.git_status]\nfull_preflight = true\n"
+        config = write_settings(tmp_path / "gateway.toml", servers={"git": stdio_entry(git_params)}, extra=extra)
         user = Scripted([{"repo_path": str(git_repository)}])
         params = gateway_process(config, broker, events_topic, tmp_path)
         meta = {INSTRUCTION_META_KEY: [{"text": "show me the git status", "trust": "user"}]}
@@ -123,7 +125,9 @@ class TestProposedArguments:
     async def test_a_nested_leaf_elicited_through_the_gateway_is_traced_to_the_user_per_path(
         self, broker: Broker, events_topic: str, tmp_path: Path
     ) -> None:
-        config = write_settings(tmp_path / "gateway.toml", servers={"fragile": fragile_entry(tmp_path, ["send"])})
+        extra = "[tools.send]\nfull_preflight = true\n"  # read-only: judged like a write here, to be asked
+        servers = {"fragile": fragile_entry(tmp_path, ["send"])}
+        config = write_settings(tmp_path / "gateway.toml", servers=servers, extra=extra)
         user = Scripted([{"/to/account": "DE-4471"}])
         params = gateway_process(config, broker, events_topic, tmp_path)
         meta = {INSTRUCTION_META_KEY: [{"text": "send the rent to bank GENODEF1", "trust": "user"}]}
@@ -181,11 +185,12 @@ class TestShadowMode:
         finally:
             con.close()
         (row,) = gaps
+        # The decision (asked: no words of the user's) and the forwarded call's own run, which executed.
         assert (row["tool"], row["agent_id"], row["runs"], row["executes"]) == (
             "git_status",
             "test-client+shadow",
+            2,
             1,
-            0,
         )
 
 
