@@ -56,6 +56,7 @@ from preflight.protect import (
     is_sealed,
     open_event_body,
     open_record,
+    protect_payload,
     subject_handle,
     token_of,
 )
@@ -994,3 +995,65 @@ class TestTheEnginesReason:
         state = await deciding.run_and_record(transfer(USER, **VALUES[USER]))
         failed = await deciding.execute_if_ready(state, sc.BANK_TOOL, provider)
         assert failed.status == "failed" and is_sealed(failed.state.run_events[-1].reason)
+
+    @pytest.mark.parametrize(
+        ("event_type", "payload", "clear"),
+        [
+            ("executed", {"reason": "execute: unknown_fields=0, unverified_checklist=0 / call succeeded"}, True),
+            ("executed", {"reason": "execute: unknown_fields=0, unverified_checklist=0 / call succeeded!"}, False),
+            (
+                "execution_failed",
+                {"reason": "execute: unknown_fields=0, unverified_checklist=0 / call succeeded"},
+                False,
+            ),
+            ("effect_unknown", {"reason": "execute: unknown_fields=0, unverified_checklist=0 / call succeeded"}, False),
+            (
+                "effect_read_back",
+                {"reason": "execute: unknown_fields=0, unverified_checklist=0 / call succeeded"},
+                False,
+            ),
+            (
+                "run_closed",
+                {
+                    "decision": "ask_user",
+                    "record": {
+                        "reason": "ask_user: unknown_fields=2, unverified_checklist=1",
+                        "unknown_count": 2,
+                        "unverified_checklist_count": 1,
+                    },
+                },
+                True,
+            ),
+            (
+                "run_closed",
+                {
+                    "decision": "ask_user",
+                    "record": {
+                        "reason": "ask_user: unknown_fields=3, unverified_checklist=0",
+                        "unknown_count": 2,
+                        "unverified_checklist_count": None,
+                    },
+                },
+                False,  # more unknowns than the record counts: a smuggled number
+            ),
+            (
+                "run_closed",
+                {
+                    "decision": "hold",
+                    "record": {
+                        "reason": "hold: unknown_fields=0, unverified_checklist=0",
+                        "unknown_count": 0,
+                        "unverified_checklist_count": 0,
+                    },
+                },
+                False,  # not a decision the engine renders so
+            ),
+        ],
+    )
+    def test_which_reasons_are_the_engines(self, event_type: str, payload: dict[str, Any], clear: bool) -> None:
+        def seal(text: str, slot: str) -> str:
+            return f"{TEXT_PREFIX}{slot}"
+
+        out = protect_payload(event_type, payload, lambda v, slot: v, seal)
+        reason = out["record"]["reason"] if event_type == "run_closed" else out["reason"]
+        assert (not reason.startswith(TEXT_PREFIX)) is clear, reason
