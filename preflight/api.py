@@ -31,7 +31,7 @@ from preflight.emit import Sign, outcome_event, read_back_event, rebuild_record,
 from preflight.engine import Decided, backstop, decide, execution_refused, invalid_input, started_summary, validate_tool
 from preflight.errors import ChainError, ConstructionError, RecordingError, effect_unknown_cause
 from preflight.events import Envelope, ExecutionApproved, PreflightEvent, digest, verify_run
-from preflight.hooks import ALL_HOOKS, DEFAULT_HOOKS, REQUIRED_HOOKS, UNSAFE_DEFAULT_HOOKS, Hook, call
+from preflight.hooks import ALL_HOOKS, CALL_SUCCEEDED, DEFAULT_HOOKS, REQUIRED_HOOKS, UNSAFE_DEFAULT_HOOKS, Hook, call
 from preflight.inputs import PreflightInput
 from preflight.ports import EventSink, ReplayStore, Storage
 from preflight.protect import ProtectionError, RunSealer, ValueProtector, baseline_view
@@ -336,7 +336,7 @@ class Preflight:
             error = tool_error(result)  # an MCP error result is a failed call, never an execution
         checked = None if error is not None else output_check(structured_content(result), _output_schema(tool))
         cause = effect_unknown_cause(error)
-        suffix = "call succeeded" if error is None else f"call failed: {type(error).__name__}: {error}"
+        suffix = CALL_SUCCEEDED if error is None else f"call failed: {type(error).__name__}: {error}"
         if cause is not None:
             suffix = f"effect unknown ({cause}): {type(error).__name__}: {error}"
         final = state.model_copy(

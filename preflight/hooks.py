@@ -141,10 +141,20 @@ def default_get_advisory_notes(tool: Tool) -> str:
     return tool.description or ""
 
 
+#: What the engine appends to a decision's reason when the tool call it approved succeeded.
+CALL_SUCCEEDED = "call succeeded"
+
+
+def counts_reason(decision: str, unknown: int, unverified: int) -> str:
+    """The engine's own reason: a decision and two counts, no word of the user's (`preflight.protect`
+    leaves it readable in a protected run)."""
+    return f"{decision}: unknown_fields={unknown}, unverified_checklist={unverified}"
+
+
 def default_format_reason(decision: str, gate: Mapping[str, Any]) -> str:
     unknown = gate.get("unknown_fields") or []
     unverified = gate.get("unverified_checklist") or []
-    return f"{decision}: unknown_fields={len(unknown)}, unverified_checklist={len(unverified)}"
+    return counts_reason(decision, len(unknown), len(unverified))
 
 
 def default_build_deferred_input(preserve: Mapping[str, Any]) -> dict[str, Any]:

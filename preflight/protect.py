@@ -17,13 +17,26 @@ timestamps, sources and origins, which analysts count):
 * every member of a user-checklist item but its `id`, `status`, `source` and `verified_at`;
 * every piece of prose a value-seeing hook or an exception may have written: field notes and
   diagnostic notes, the gate's notes, checklist descriptions and diagnostic details, the fixed
-  checklist's issue details, every record `reason`, an execution's error text and its output check;
+  checklist's issue details, every record `reason` but the engine's own (below), an execution's error
+  text and its output check;
 * the intent fingerprint: an unkeyed digest of the instruction could be brute-forced back to a
   low-entropy utterance ("pay 500 to 1234"); sealed, its token still tells a repeated utterance;
 * the user's own words about the act: what they call it (C2, ``fixed/c2_user_action_name``), the tool
   gate's reason, which may quote it (``fixed/c3_match/reason``, and ``gate/_diag/reason`` and
   ``gate/_diag/user_action`` of a tool gate), and the adopter's readable action key
   (``readable_action_key`` of ``tool_match_decided``), which is usually built from them.
+
+A decision's **reason is the engine's own** -- left readable, so it still reads after an erasure --
+exactly when it is the text the engine renders from the decision and two counts
+(`preflight.hooks.counts_reason`, e.g. ``execute: unknown_fields=0, unverified_checklist=0``), with
+the decision the event or record states and counts no larger than its clear ``unknown_count`` and
+``unverified_checklist_count``; an executed outcome's reason is that of ``execute`` with no unknown and
+no unverified item, then `` / call succeeded``. Such a text is decided by its grammar, not by who wrote
+it: it spells a decision code and counts the clear members already bound, so it cannot carry a word or
+a value of the user's, whether the default hook or an adopter's `format_reason` rendered it. Every
+other reason (a custom rendering, a tool gate's or a failed call's, one quoting a hook's error) may
+quote the user and stays sealed; so does one whose counts exceed the clear ones, which could smuggle a
+number.
 
 The **action key** itself is published as a keyed pseudonym (``ak1.<hex>``, `RunSealer.pseudonym`): an
 HMAC of the adopter's key under a key derived from the subject's. The same user's same key always maps to
@@ -67,6 +80,7 @@ from typing import TYPE_CHECKING, Any
 
 from preflight.errors import KeyStoreError, ProtectionError, TamperedValue, UnknownKey, ValueErased
 from preflight.events import canonical_json
+from preflight.hooks import CALL_SUCCEEDED, counts_reason
 from preflight.keys import SubjectKey, make_kid, parse_kid, subject_handle
 from preflight.ports import KeyStore
 from preflight.records import ExecutionRecord
@@ -88,6 +102,7 @@ __all__ = [
     "ValueErased",
     "ValueProtector",
     "baseline_view",
+    "engine_reason",
     "erase",
     "is_sealed",
     "make_kid",
@@ -537,6 +552,37 @@ def _reason_slot(decision: Any) -> str:
     return "outcome/reason" if decision in ("executed", "failed", "effect_unknown") else "reason"
 
 
+_COUNTS_REASON = re.compile(
+    r"(execute|ask_user): unknown_fields=(0|[1-9][0-9]{0,5}), unverified_checklist=(0|[1-9][0-9]{0,5})"
+)
+_EXECUTED_REASON = f"{counts_reason('execute', 0, 0)} / {CALL_SUCCEEDED}"
+
+
+def engine_reason(reason: str, decision: Any, unknown_count: Any, unverified_count: Any) -> bool:
+    """Whether `reason` is the engine's own text for a run that decided `decision` with these clear
+    counts (module doc): it is left readable; any other reason is sealed."""
+    if decision == "executed":
+        return reason == _EXECUTED_REASON
+    match = _COUNTS_REASON.fullmatch(reason)
+    if match is None or match[1] != decision:
+        return False
+    unknown, unverified = int(match[2]), int(match[3])
+    bound = (
+        unknown_count if isinstance(unknown_count, int) else 0,
+        unverified_count if isinstance(unverified_count, int) else 0,
+    )
+    return counts_reason(match[1], unknown, unverified) == reason and unknown <= bound[0] and unverified <= bound[1]
+
+
+def _sealed_reason(holder: Mapping[str, Any], decision: Any, slot: str, text: SealText) -> Any:
+    reason = holder.get("reason")
+    if not isinstance(reason, str):
+        return reason
+    if engine_reason(reason, decision, holder.get("unknown_count"), holder.get("unverified_checklist_count")):
+        return reason
+    return text(reason, slot)
+
+
 def protect_payload(event_type: str, payload: Mapping[str, Any], value: SealValue, text: SealText) -> dict[str, Any]:
     """`payload` (an event's members, envelope or not) with `value` / `text` applied to each protected
     slot: sealing them (`RunSealer.payload`) or opening them (`open_event_body`). Events of other types
@@ -577,10 +623,11 @@ def protect_payload(event_type: str, payload: Mapping[str, Any], value: SealValu
     elif event_type == "run_closed":
         record = out.get("record")
         if isinstance(record, Mapping) and isinstance(record.get("reason"), str):
-            out["record"] = {**record, "reason": text(record["reason"], "reason")}
+            out["record"] = {**record, "reason": _sealed_reason(record, out.get("decision"), "reason", text)}
     elif event_type in ("executed", "execution_failed", "effect_unknown", "effect_read_back"):
+        decision = "executed" if event_type == "executed" else event_type  # only a success's can be the engine's
         if isinstance(out.get("reason"), str):
-            out["reason"] = text(out["reason"], "outcome/reason")
+            out["reason"] = _sealed_reason(out, decision, "outcome/reason", text)
         if isinstance(out.get("output_check"), str):  # a violation quotes the tool's output
             out["output_check"] = text(out["output_check"], "outcome/output_check")
         if event_type in ("execution_failed", "effect_unknown") and isinstance(out.get("error"), str):
@@ -598,7 +645,8 @@ def _record_slots(data: Mapping[str, Any], value: SealValue, text: SealText) -> 
     if out.get("gate") is not None:
         out["gate"] = _gate(out["gate"], text)
     if isinstance(out.get("reason"), str):
-        out["reason"] = text(out["reason"], _reason_slot(out.get("execution_decision")))
+        decision = out.get("execution_decision")
+        out["reason"] = _sealed_reason(out, decision, _reason_slot(decision), text)
     if out.get("deferred_input") is not None:
         out["deferred_input"] = value(out["deferred_input"], "deferred_input")
     return out

@@ -16,9 +16,10 @@ Every engine runs as SPEC §3 asks of a deployment: values sealed per user (a `F
 public key the worker and the projector are started with, so both count only signed outcomes), and --
 in the approval cases (`scenarios.approval_sessions`) -- ``require_approval=True``: a read-only tool
 passes, a write waits for an active approval of its scope. At the end the archive gets a signed digest
-chain and is verified (`ledger`), then one user is erased (crypto-shredding): compliance now reads their
-values as "erased", the archive still verifies, and a byte search of the database file finds none of their
-plaintext values.
+chain and is verified (`ledger`), then one user is erased (crypto-shredding): a user of their own
+(`scenarios.erasure_sessions`), in none of the cases above, so the console's story keeps its values.
+Compliance now reads the erased user's values as "erased" (the engine's reasons stay readable), the archive
+still verifies, and a byte search of the database file finds none of their plaintext values.
 
 Every seed case is checked as it is played: a case that does not decide as the seed says fails the
 demo (exit 1) rather than print a story that did not happen.
@@ -64,6 +65,7 @@ from preflight_audit.scenarios import (
     SessionResult,
     World,
     approval_sessions,
+    erasure_sessions,
     generate_sessions,
     play,
     play_all,
@@ -94,8 +96,9 @@ DATABASE = "audit.duckdb"
 ASKED = "landlord: asked, answered, executed"
 INHERITED = "landlord: next month, recipient inherited"
 PROPOSED = "the model's proposal: its recipient is not the user's"
-#: The user the demo erases at the end (the landlord's).
-ERASED_USER = "u_01"
+#: The case of the user the demo erases at the end (`scenarios.erasure_sessions`), and the user.
+FORGOTTEN = "a user who will ask to be forgotten"
+ERASED_USER = erasure_sessions()[FORGOTTEN].user_id
 
 
 class DemoExpectationError(AuditCliError):
@@ -126,6 +129,7 @@ class DemoReport:
     folded: dict[str, Any] = field(default_factory=dict)
     seeds: dict[str, SessionResult] = field(default_factory=dict)
     approvals: dict[str, SessionResult] = field(default_factory=dict)
+    forgotten: dict[str, SessionResult] = field(default_factory=dict)
     verified_events: int = 0
     digests: int = 0
     erased_generations: int = 0
@@ -242,9 +246,14 @@ async def _with_worker(
             result.approvals = await _play_cases(
                 world, approval_sessions(), console, "Reversibility: require_approval=True, through the real engine"
             )
+            result.forgotten = await _play_cases(
+                world, erasure_sessions(), console, "The user erased at the end, through the real engine"
+            )
             generated = await _play_generated(world, options, console)
             await _forge(sink, result.seeds[ASKED], console)
-        result.played = tally([*result.seeds.values(), *result.approvals.values(), *generated])
+        result.played = tally(
+            [*result.seeds.values(), *result.approvals.values(), *result.forgotten.values(), *generated]
+        )
         ends = await log_end_offsets(result.broker, topics.events, range(topics.partitions))
         with console.status("waiting until the worker has folded and the projector has committed the whole log"):
             await worker.wait_folded(ends, options.phase_timeout_s)
@@ -507,7 +516,7 @@ def _ledger_and_erasure(console: Console, result: DemoReport, values: ValueProte
     )
     console.print(f"verify: ok, {report_.events} events, {report_.digests} digests")
 
-    user_runs = [r for s in result.seeds.values() if s.session.user_id == ERASED_USER for r in s.runs]
+    user_runs = [r for s in result.forgotten.values() for r in s.runs]
     # The user's plaintext values, and their own words about the act: what they call it (C2) and the readable
     # action key built from it (the published key is a pseudonym).
     words = {r.record.fixed.c2_user_action_name for r in user_runs if r.record.fixed is not None}
@@ -516,12 +525,12 @@ def _ledger_and_erasure(console: Console, result: DemoReport, values: ValueProte
         {f.value for r in user_runs for f in r.record.fields or () if f.status == "known" and isinstance(f.value, str)}
         | {w for w in words | keys_read if w}
     )
-    inherited = result.seeds[INHERITED].final
-    raw = _provenance_rows(result.database, inherited.run_id)
+    shown = result.forgotten[FORGOTTEN].final
+    raw = _provenance_rows(result.database, shown.run_id)
     before = compliance_rows("provenance", raw, values)
     erasure, _ = erase_user(keys / "values", ERASED_USER)
     result.erased_generations = len(erasure.erased_kids)
-    after = compliance_rows("provenance", _provenance_rows(result.database, inherited.run_id), values)
+    after = compliance_rows("provenance", _provenance_rows(result.database, shown.run_id), values)
     table = Table(
         title=f"Crypto-shredding: erase {ERASED_USER} (subject handle {erasure.subject_handle})",
         title_justify="left",
@@ -554,7 +563,7 @@ def _ledger_and_erasure(console: Console, result: DemoReport, values: ValueProte
     files = [p for p in (result.database, result.database.with_name(DATABASE + ".wal")) if p.is_file()]
     content = b"".join(p.read_bytes() for p in files)
     result.plaintext_hits = sum(content.count(v.encode()) for v in plaintexts)
-    control = str(inherited.action_key).encode()
+    control = str(shown.action_key).encode()
     result.control_hits = content.count(control)
     console.print(
         f"byte search of {result.database.name}: {result.plaintext_hits} hits for {ERASED_USER}'s"
@@ -642,9 +651,9 @@ CONSOLE_TOKENS = "console-tokens.txt"
 def serve_console(result: DemoReport, settings: Settings, console: Console, port: int | None = None) -> None:
     """Serve the console and the API on the demo's database until Ctrl-C or SIGTERM (then return).
 
-    Values open with the demo's key store (its erased user reads "erased"), "verify now" checks the
-    demo's ledger key; a compliance and an analyst token are made for this run, printed and written to
-    ``<out>/keys/console-tokens.txt`` (mode 0600) in the tokens-file format.
+    Values open with the demo's key store (its erased user, in no showcase case, reads "erased"), "verify
+    now" checks the demo's ledger key; a compliance and an analyst token are made for this run, printed
+    and written to ``<out>/keys/console-tokens.txt`` (mode 0600) in the tokens-file format.
     """
     import os
     import secrets

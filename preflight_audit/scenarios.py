@@ -63,6 +63,7 @@ __all__ = [
     "World",
     "agent_hooks",
     "approval_sessions",
+    "erasure_sessions",
     "generate_sessions",
     "play",
     "play_all",
@@ -798,6 +799,22 @@ def approval_sessions() -> dict[str, Session]:
             approvals=({"status": "active", "scope": "billing.pay"}, {"status": "active", "scope": "bank.transfer"}),
             label="bank.transfer writes: approval asked; one for billing.pay does not match; bank.transfer's executes",
             expect=("ask_user", "ask_user", "executed"),
+        ),
+    }
+
+
+def erasure_sessions() -> dict[str, Session]:
+    """The user the demo erases: someone in no other case, so every case's story keeps its values."""
+    return {
+        "a user who will ask to be forgotten": Session(
+            kind="seed",
+            user_id="u_10",
+            agent_id="web-assistant",
+            days_ago=6,
+            request=_transfer_request("send 90,000 won to my accountant", from_account="4417203358"),
+            answers={"to_account": "6630581"},
+            label="to_account asked; the user answers 6630581; executed -- then the user is erased",
+            expect=("ask_user", "executed"),
         ),
     }
 

@@ -5,7 +5,8 @@ projector, the real engine; values sealed per user, one user erased at the end),
 database, printing the URL and a compliance and an analyst token. Debian's ``chromium`` (installed by
 ``make browser``, which ``make test`` runs) is driven by Playwright's Python API through its
 ``executable_path``. A reviewer signs in and follows the landlord's transfer from the search to its
-story; an analyst sees tokens, never values; the erased user's values read "erased"; no token leads to
+story, with its values (the demo erases a user of its own); an analyst sees tokens, never values; the
+erased user's values read "erased" while the engine's reason for their decision still reads; no token leads to
 the login page, a wrong role to a 403 page; the numbers behind the gap charts are the ``gap_rates``
 query's; bad input is a page that says so; ``/docs`` renders with every request outside the server
 refused. Each test saves a screenshot of its page under ``test-output/screenshots/`` (git-ignored), at
@@ -40,6 +41,10 @@ CLI = str(Path(sys.executable).with_name("preflight-audit"))
 CHROMIUM = shutil.which("chromium")
 SHOTS = Path(__file__).resolve().parents[2] / "test-output" / "screenshots"
 LANDLORD_KEY = "u_01:bank.transfer:send-money-to-my-landlord"
+#: The user the demo erases at the end (`scenarios.erasure_sessions`: in no showcase case), and their recipient.
+FORGOTTEN_USER, FORGOTTEN_RECIPIENT = "u_10", "6630581"
+#: The engine's own reason for an executed decision: codes and counts, readable after an erasure.
+ENGINE_REASON = "execute: unknown_fields=0, unverified_checklist=0"
 WIDTHS = (1280, 390)
 #: The demo's approval case writes with this recipient, for u_08 (never erased): compliance reads it.
 U08_RECIPIENT = "3344-556-77"
@@ -128,6 +133,19 @@ def landlord(served: Served) -> str:
 
 
 @pytest.fixture(scope="module")
+def forgotten(served: Served) -> str:
+    """The published action of the user the demo erased (their only one)."""
+    con = open_database(served.database, read_only=True)
+    try:
+        rows = queries.run(con, "runs_search", user_id=FORGOTTEN_USER).dicts()
+    finally:
+        con.close()
+    keys = {r["action_key"] for r in rows}
+    assert len(keys) == 1 and next(iter(keys)).startswith("ak1."), keys
+    return str(next(iter(keys)))
+
+
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
     with sync_playwright() as playwright:
         launched = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
@@ -176,8 +194,9 @@ class TestTheStory:
         page.get_by_label("Tool").fill("bank.transfer")
         page.get_by_role("button", name="Search").click()
         page.locator(f'table.runs a[title="{landlord}"]').first.click()
-        # u_01 was erased at the end of the demo: the readable key is gone, the published pseudonym stays
-        expect(page.get_by_role("heading", name=f"Action {landlord} (erased)")).to_be_visible()
+        # u_01 is never erased (the demo erases a user of its own): compliance reads the readable key
+        expect(page.locator("h1")).to_contain_text(LANDLORD_KEY)
+        expect(page.locator(".v-erased")).to_have_count(0)
         runs = page.locator(".timeline > .run")
         steps = runs.evaluate_all("items => items.map(i => i.dataset.steps)")
         answered = steps.index("answered executed")
@@ -187,6 +206,7 @@ class TestTheStory:
         to_account = runs.nth(answered).locator('tr[data-field="to_account"]')
         assert to_account.get_attribute("data-source") == "user_answer"
         expect(to_account).to_contain_text("the user, answering a question")
+        expect(to_account.locator(".v-value")).to_have_text("2200119")  # the answer, with its value
         kept = runs.nth(inherited).locator('tr[data-field="to_account"]')
         assert (kept.get_attribute("data-source"), kept.get_attribute("data-origin")) == ("prior_state", "user_answer")
         expect(kept).to_contain_text("the user, answering a question (inherited)")
@@ -257,15 +277,32 @@ class TestViews:
         no_horizontal_overflow(page)
         shot(page, "analyst-tokens", width)
 
-    def test_an_erased_subject_reads_erased(self, browser: Browser, served: Served, landlord: str) -> None:
+    def test_an_erased_subject_reads_erased(self, browser: Browser, served: Served, forgotten: str) -> None:
         page = open_page(browser, 1280)
-        sign_in(page, served, served.compliance, then=f"/console/action?key={landlord}")
+        sign_in(page, served, served.compliance, then=f"/console/action?key={forgotten}")
+        expect(page.get_by_role("heading", name=f"Action {forgotten} (erased)")).to_be_visible()
         erased = page.locator(".v-erased")
         assert erased.count() >= 3
         assert set(erased.all_text_contents()) == {"erased"}
-        assert "2200119" not in page.content()  # u_01's recipient, erased by the demo
-        assert "landlord" not in page.content()  # and their words about the act
+        assert FORGOTTEN_RECIPIENT not in page.content()  # the recipient, erased by the demo
+        assert "accountant" not in page.content()  # and their words about the act
         shot(page, "erased", 1280)
+
+    def test_after_erasure_the_engines_reason_reads_and_the_users_values_do_not(
+        self, browser: Browser, served: Served
+    ) -> None:
+        page = open_page(browser, 1280)
+        then = f"/console/?user={FORGOTTEN_USER}&decision=executed"
+        sign_in(page, served, served.compliance, then=then)
+        page.locator("table.runs a[href^='/console/run/']").first.click()
+        expect(page.get_by_role("heading", name="Responsibility")).to_be_visible()
+        decision = page.locator('.slots tr[data-slot="decision"] td[data-label="Detail"]')
+        expect(decision).to_contain_text(ENGINE_REASON)  # the engine's words: no value of the user's
+        expect(decision.locator(".v-erased")).to_have_count(0)
+        answer = page.locator('.slots tr[data-slot="to_account"] td[data-label="Answer"]')
+        expect(answer).to_have_text("erased")  # the user's value stays sealed
+        assert FORGOTTEN_RECIPIENT not in page.content()
+        shot(page, "erased-reason", 1280)
 
 
 class TestAccess:
@@ -573,9 +610,9 @@ class TestANewcomer:
         assert value.evaluate("e => e.getClientRects().length") == 1  # one line box: never broken mid-value
         shot(page, "account-whole", 390)
 
-    def test_erased_reads_one_way(self, browser: Browser, served: Served, landlord: str) -> None:
+    def test_erased_reads_one_way(self, browser: Browser, served: Served, forgotten: str) -> None:
         page = open_page(browser, 1280)
-        sign_in(page, served, served.compliance, then=f"/console/action?key={landlord}")
+        sign_in(page, served, served.compliance, then=f"/console/action?key={forgotten}")
         rendered = page.locator(".v-erased").all_inner_texts()  # as shown, after the stylesheet
         assert rendered and set(rendered) == {"erased"}, set(rendered)
 

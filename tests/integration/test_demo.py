@@ -5,11 +5,12 @@ terminal) and must: exit 0; show the seed's cases deciding as the seed says; sho
 recipient inherited through the worker's baseline (source prior_state, origin user_answer) in the
 provenance, who answered each slot of that decision, and the gap-rate table with instruction gaps and
 action-definition gaps; play the approval cases (a read-only tool passes, a write waits for an approval
-of its scope); sign and verify the archive's digest chain; erase one user and show that compliance
-reads their values as "erased", the archive still verifies and the database file holds none of their
-plaintext values; write a valid PNG; leave the projected database queryable (and verifiable with
-`preflight-audit verify`); and leave no broker or worker process behind. Interrupted with SIGTERM
-midway, it must still stop everything it started.
+of its scope); sign and verify the archive's digest chain; erase one user -- one of its own, in no showcase
+case, so the landlord's story still reads with its values -- and show that compliance reads their values
+as "erased" (the engine's reasons for their decisions still read), the archive still verifies and the
+database file holds none of their plaintext values; write a valid PNG; leave the projected database
+queryable (and verifiable with `preflight-audit verify`); and leave no broker or worker process behind.
+Interrupted with SIGTERM midway, it must still stop everything it started.
 
 On the embedded-broker run of the suite the demo starts its own embedded broker, as on a fresh
 machine; on another broker (``PREFLIGHT_BROKER=kafka`` or an address) it uses the session's broker,
@@ -120,6 +121,7 @@ class TestTheDemo:
             "extractor crashed": "ask_user",
             "checklist item without id": "hold",
             "tool without a schema": "hold",
+            "a user who will ask to be forgotten": "ask_user -> executed",
         }
         assert {case: demo.row(case)[1] for case in expected} == expected
 
@@ -185,18 +187,18 @@ class TestTheDemo:
         assert after and after.group(1) == events
 
     def test_the_erased_user_reads_erased_and_leaves_no_plaintext(self, demo: Demo) -> None:
-        shredding = demo.section("Crypto-shredding: erase u_01")
+        shredding = demo.section("Crypto-shredding: erase u_10")
         rows = {
             cells[0]: cells
             for line in shredding.splitlines()
             if len(cells := [c.strip() for c in line.strip().strip("│").split("│")]) == 4
         }
-        assert rows["to_account"][1:] == ['"2200119"', rows["to_account"][2], "erased"]
+        assert rows["to_account"][1:] == ['"6630581"', rows["to_account"][2], "erased"]
         assert rows["to_account"][2].startswith("token tk1.")
         assert all(r[3] == "erased" for name, r in rows.items() if name in ("from_account", "amount", "to_account"))
-        assert re.search(r"^erase: u_01, 1 key generation\(s\) destroyed at ", demo.output, flags=re.M)
+        assert re.search(r"^erase: u_10, 1 key generation\(s\) destroyed at ", demo.output, flags=re.M)
         search = re.search(
-            r"byte search of audit\.duckdb: (\d+) hits for u_01's (\d+) plaintext values and words \(control: (\d+)",
+            r"byte search of audit\.duckdb: (\d+) hits for u_10's (\d+) plaintext values and words \(control: (\d+)",
             demo.output,
         )
         assert search, demo.output
@@ -204,9 +206,49 @@ class TestTheDemo:
         # two values, the user's words about the act (C2) and the readable action key built from them
         assert (hits, values) == (0, 4) and control > 0
         data = (demo.out / "audit.duckdb").read_bytes()
-        for plaintext in (b"2200119", b"send money to my landlord", b"u_01:bank.transfer"):  # checked here too
+        for plaintext in (
+            b"6630581",
+            b"4417203358",
+            b"send money to my accountant",
+            b"u_10:bank.transfer",
+        ):  # checked here too
             assert plaintext not in data, plaintext
         assert b"ak1." in data  # the published action keys: pseudonyms, stored in clear
+
+    def test_after_the_erasure_the_showcase_reads_and_the_erased_users_reason_too(self, demo: Demo) -> None:
+        """The landlord (u_01) is never erased: compliance reads their story with its values. The erased user's
+        values read "erased", while the engine's reasons for their decisions (codes and counts) still read."""
+
+        def query(name: str, *params: str) -> list[dict[str, object]]:
+            keys, database = str(demo.out / "keys" / "values"), str(demo.out / "audit.duckdb")
+            options = ["--as", "compliance", "--key-dir", keys, "--db", database, "--format", "json"]
+            completed = subprocess.run(
+                [CLI, "query", name, *(a for p in params for a in ("-p", p)), *options],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert completed.returncode == 0, completed.stderr
+            rows: list[dict[str, object]] = json.loads(completed.stdout)
+            assert rows, (name, params)
+            return rows
+
+        landlord = query("runs_search", "user_id=u_01", "tool=bank.transfer")
+        assert {r["readable_action_key"] for r in landlord} == {"u_01:bank.transfer:send-money-to-my-landlord"}
+        values = query("provenance", f"action_key={landlord[0]['action_key']}")
+        assert "2200119" in {r["value"] for r in values if r["field"] == "to_account"}
+        assert "erased" not in {r["value"] for r in values}
+
+        forgotten = query("runs_search", "user_id=u_10")
+        assert {r["reason"] for r in forgotten} == {
+            "ask_user: unknown_fields=1, unverified_checklist=0",
+            "execute: unknown_fields=0, unverified_checklist=0",
+        }
+        assert (
+            {r["c2_user_action_name"] for r in forgotten} == {r["readable_action_key"] for r in forgotten} == {"erased"}
+        )
+        sealed = query("provenance", f"action_key={forgotten[0]['action_key']}")
+        assert {r["value"] for r in sealed if r["status"] == "known"} == {"erased"}
 
     def test_every_event_the_demo_produced_is_valid_under_the_published_contract(self, demo: Demo) -> None:
         """The JSON Schema an agent in another language publishes against holds every archived event."""

@@ -181,7 +181,10 @@ class TestProtectedValuesEndToEnd:
             )
             assert len(events_before) == messages
             assert _found(events_before + changelog_before + [http_before], needles) == {}
-            assert sum(b"aes-256-gcm/v1" in rec for rec in events_before) == messages  # every message sealed
+            # Every decision's message seals values; the two outcomes' hold only keyed digests (and the
+            # engine's own reason, readable by design: `preflight.protect`).
+            assert sum(b"aes-256-gcm/v1" in rec for rec in events_before) == messages - 2
+            assert all(b"aes-256-gcm/v1" in rec or b"hmac-sha256:" in rec for rec in events_before)
             assert _found(changelog_before, [b"aes-256-gcm/v1", *run_ids]) != {}  # the search saw the baselines
 
             # 4. Erase one user: their key file goes, the other's stays, no user id names a file.

@@ -56,6 +56,7 @@ from preflight.protect import (
     is_sealed,
     open_event_body,
     open_record,
+    protect_payload,
     subject_handle,
     token_of,
 )
@@ -458,7 +459,7 @@ class TestProtectedRun:
         events = [decode_event(encode_event(e)) for e in state.run_events]
         sealed = rebuild_record(events)
         assert all(is_sealed(f.value) for f in sealed.fields or ())
-        assert sealed.reason.startswith(TEXT_PREFIX)
+        assert sealed.reason == "execute: unknown_fields=0, unverified_checklist=0"  # the engine's words, clear
         opened = rebuild_record(events, opener=pr)
         assert plain(opened) == plain(state) and opened.run_ref == state.run_ref
         assert opened.erased_values == ()
@@ -939,3 +940,120 @@ def test_every_seal_in_a_run_names_the_run_subjects_key() -> None:
     bodies = [e.model_dump(mode="json") for e in state.run_events]
     kids = {leaf["kid"] if isinstance(leaf, dict) else leaf.split(":")[2] for leaf in sealed_leaves(bodies)}
     assert kids == {f"{subject_handle(USER)}.1"}
+
+
+class TestTheEnginesReason:
+    """A decision's reason in the engine's own words (codes and counts) reads after an erasure; a reason
+    that may carry the user's words or values stays sealed (`preflight.protect`, module doc)."""
+
+    async def test_the_engines_reason_reads_after_erasure_and_the_values_do_not(self) -> None:
+        store = MemoryKeyStore()
+        pr = ValueProtector(store)
+        state = await executed(engine(pr, extract_from_instruction=sc.amount_from_text), USER)
+        erase(store, USER)
+        closed = next(e for e in state.run_events if e.event_type == "run_closed")
+        assert closed.record["reason"] == "execute: unknown_fields=0, unverified_checklist=0"
+        assert state.run_events[-1].reason == "execute: unknown_fields=0, unverified_checklist=0 / call succeeded"
+        after = rebuild_record(state.run_events, opener=pr)
+        assert after.reason == "execute: unknown_fields=0, unverified_checklist=0 / call succeeded"
+        assert all(is_sealed(f.value) for f in after.fields or ())
+        assert set(after.erased_values) >= {f"fields/{name}/value" for name in VALUES[USER]}
+        assert {"reason", "outcome/reason"}.isdisjoint(after.erased_values)
+
+    @pytest.mark.parametrize(
+        "rendered",
+        [
+            "execute: paid ACCT-ERASE-7731",  # the user's value
+            "execute: unknown_fields=918273645, unverified_checklist=0",  # a value smuggled as a count
+            "ask_user: unknown_fields=0, unverified_checklist=0",  # another decision than the run's
+        ],
+    )
+    async def test_a_custom_reason_that_may_carry_the_users_words_is_sealed_and_erased(self, rendered: str) -> None:
+        store = MemoryKeyStore()
+        pr = ValueProtector(store)
+        pf = engine(pr, extract_from_instruction=sc.amount_from_text, format_reason=lambda d, g: rendered)
+        state = await executed(pf, USER)
+        closed = next(e for e in state.run_events if e.event_type == "run_closed")
+        assert is_sealed(closed.record["reason"]) and is_sealed(state.run_events[-1].reason)
+        assert rebuild_record(state.run_events, opener=pr).reason == f"{rendered} / call succeeded"
+        erase(store, USER)
+        after = rebuild_record(state.run_events, opener=pr)
+        assert is_sealed(after.reason) and "outcome/reason" in after.erased_values
+
+    async def test_the_default_reason_is_clear_for_an_ask_user_and_a_failed_calls_is_sealed(self) -> None:
+        pr = protector()
+        pf = engine(pr, verify_user_checklist_item=lambda item, ctx: {**item, "status": "unverified"})
+        asked = await pf.run_and_record(sc.transfer(user_id=USER))
+        assert asked.execution_decision == "ask_user"
+        closed = next(e for e in asked.run_events if e.event_type == "run_closed")
+        assert closed.record["reason"] == asked.reason and asked.reason.startswith("ask_user: unknown_fields=")
+
+        def provider(name: str, args: dict[str, Any]) -> Any:
+            raise RuntimeError(f"cannot send to {args['to_account']}")
+
+        deciding = engine(pr, extract_from_instruction=sc.amount_from_text)
+        state = await deciding.run_and_record(transfer(USER, **VALUES[USER]))
+        failed = await deciding.execute_if_ready(state, sc.BANK_TOOL, provider)
+        assert failed.status == "failed" and is_sealed(failed.state.run_events[-1].reason)
+
+    @pytest.mark.parametrize(
+        ("event_type", "payload", "clear"),
+        [
+            ("executed", {"reason": "execute: unknown_fields=0, unverified_checklist=0 / call succeeded"}, True),
+            ("executed", {"reason": "execute: unknown_fields=0, unverified_checklist=0 / call succeeded!"}, False),
+            (
+                "execution_failed",
+                {"reason": "execute: unknown_fields=0, unverified_checklist=0 / call succeeded"},
+                False,
+            ),
+            ("effect_unknown", {"reason": "execute: unknown_fields=0, unverified_checklist=0 / call succeeded"}, False),
+            (
+                "effect_read_back",
+                {"reason": "execute: unknown_fields=0, unverified_checklist=0 / call succeeded"},
+                False,
+            ),
+            (
+                "run_closed",
+                {
+                    "decision": "ask_user",
+                    "record": {
+                        "reason": "ask_user: unknown_fields=2, unverified_checklist=1",
+                        "unknown_count": 2,
+                        "unverified_checklist_count": 1,
+                    },
+                },
+                True,
+            ),
+            (
+                "run_closed",
+                {
+                    "decision": "ask_user",
+                    "record": {
+                        "reason": "ask_user: unknown_fields=3, unverified_checklist=0",
+                        "unknown_count": 2,
+                        "unverified_checklist_count": None,
+                    },
+                },
+                False,  # more unknowns than the record counts: a smuggled number
+            ),
+            (
+                "run_closed",
+                {
+                    "decision": "hold",
+                    "record": {
+                        "reason": "hold: unknown_fields=0, unverified_checklist=0",
+                        "unknown_count": 0,
+                        "unverified_checklist_count": 0,
+                    },
+                },
+                False,  # not a decision the engine renders so
+            ),
+        ],
+    )
+    def test_which_reasons_are_the_engines(self, event_type: str, payload: dict[str, Any], clear: bool) -> None:
+        def seal(text: str, slot: str) -> str:
+            return f"{TEXT_PREFIX}{slot}"
+
+        out = protect_payload(event_type, payload, lambda v, slot: v, seal)
+        reason = out["record"]["reason"] if event_type == "run_closed" else out["reason"]
+        assert (not reason.startswith(TEXT_PREFIX)) is clear, reason
