@@ -136,6 +136,7 @@ class TestBaseline:
             "deferred": 1,
             "executed": 1,
             "failed": 1,
+            "effect_unknown": 0,
             "duplicates": 0,
         }
 
