@@ -24,19 +24,19 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import Self
 
 from infra._process import (
     LOOPBACK,
     LoggedProcess,
-    address_in_use,
+    StartStop,
     free_port,
     log_tail,
+    on_fresh_ports,
+    start_answering,
     track,
     untrack,
     wait_for_signal,
-    wait_until_answering,
 )
 from infra.errors import (
     BrokerStartError,
@@ -218,7 +218,7 @@ def server_properties(
     return "\n".join(lines) + "\n"
 
 
-class ApacheKafkaBroker:
+class ApacheKafkaBroker(StartStop):
     """An Apache Kafka KRaft node on two loopback ports (clients, controller), data in ``data_dir``.
 
     ``data_dir`` holds ``server.properties``, ``log4j2.xml``, the partition logs (``kraft/``) and the
@@ -309,24 +309,21 @@ class ApacheKafkaBroker:
                 self._data_dir = self._given_data_dir.resolve()
             else:
                 self._data_dir = Path(tempfile.mkdtemp(prefix="preflight-kafka-"))
+
+        def launch() -> tuple[int, int]:
+            ports = (free_port(), free_port())
+            self._launch(java, lib_dir, ports)
+            return ports
+
         try:
             if self._ports is not None:  # a restart: the same ports, or the clients' address changes
                 self._launch(java, lib_dir, self._ports)
-                return self
-            for attempt in range(1, _PORT_ATTEMPTS + 1):
-                ports = (free_port(), free_port())
-                try:
-                    self._launch(java, lib_dir, ports)
-                except BrokerStartError as exc:
-                    if attempt < _PORT_ATTEMPTS and address_in_use(exc.log_tail):
-                        continue
-                    raise
-                self._ports = ports
-                return self
+            else:
+                self._ports = on_fresh_ports(_PORT_ATTEMPTS, launch)
         except BaseException:
             self._forget_data_dir()
             raise
-        raise AssertionError("unreachable: the last attempt returns or raises")  # pragma: no cover
+        return self
 
     def _launch(self, java: str, lib_dir: Path, ports: tuple[int, int]) -> None:
         assert self._data_dir is not None
@@ -351,18 +348,15 @@ class ApacheKafkaBroker:
             "kafka.Kafka",
             str(properties),
         ]
-        process = LoggedProcess(command, data_dir / "server.log", cwd=data_dir)
-        try:
-            wait_until_answering(
-                f"{LOOPBACK}:{ports[0]}",
-                timeout=self._start_timeout,
-                what=f"Apache Kafka (pid {process.pid})",
-                process=process,
-            )
-        except BaseException:
-            process.stop(self._stop_timeout)
-            raise
-        self._process = process
+        self._process = start_answering(
+            command,
+            data_dir / "server.log",
+            port=ports[0],
+            what="Apache Kafka",
+            start_timeout=self._start_timeout,
+            stop_timeout=self._stop_timeout,
+            cwd=data_dir,
+        )
         track(self)
 
     def _format(self, java_command: list[str], properties: Path) -> None:
@@ -438,23 +432,12 @@ class ApacheKafkaBroker:
             shutil.rmtree(self._data_dir, ignore_errors=True)
         self._data_dir = None
 
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
     def __repr__(self) -> str:
         where = f"{LOOPBACK}:{self._ports[0]}" if self._ports is not None else "stopped"
         return f"ApacheKafkaBroker({where})"
 
 
-class KafkaCluster:
+class KafkaCluster(StartStop):
     """``size`` Apache Kafka KRaft nodes on loopback, each a broker and a controller, forming one cluster:
     topics replicated ``replication_factor`` times by default, ``min_insync_replicas`` for an `acks=all`
     write. Nodes start together (a quorum needs a majority of its controllers up before any node answers)
@@ -537,17 +520,6 @@ class KafkaCluster:
             if self._temporary is not None:
                 shutil.rmtree(self._temporary, ignore_errors=True)
                 self._temporary = None
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
 
 def main(argv: list[str] | None = None) -> int:
