@@ -3,7 +3,8 @@
 Free loopback ports, a child process whose output goes to a log file and which is always reaped, the
 bounded wait until a Kafka-protocol listener answers a metadata request, the one way a broker process is
 started and waited for (`start_answering`, tried again on fresh ports by `on_fresh_ports`), and the
-``with`` block around a broker's start and stop (`StartStop`). Nothing here knows which broker it runs.
+``with`` block around a broker's start and stop (`StartStop`; `ProcessBroker` for a broker that is one
+process of ours). Nothing here knows which broker it runs.
 """
 
 from __future__ import annotations
@@ -79,6 +80,22 @@ class StartStop(ABC):
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+class ProcessBroker(StartStop):
+    """A broker that is one child process of ours (`_process`, None while stopped)."""
+
+    _process: LoggedProcess | None
+
+    @property
+    def running(self) -> bool:
+        """Whether the broker process was started by us and is still alive."""
+        return self._process is not None and self._process.alive
+
+    @property
+    def pid(self) -> int | None:
+        """The broker's process id while started, else ``None``."""
+        return self._process.pid if self._process is not None else None
 
 
 def free_port() -> int:
@@ -188,13 +205,7 @@ class LoggedProcess:
                 try:
                     return self._popen.wait(timeout=timeout)
                 except subprocess.TimeoutExpired:
-                    self._signal(signal.SIGKILL)
-                    try:
-                        return self._popen.wait(timeout=_KILL_WAIT_S)
-                    except subprocess.TimeoutExpired as exc:
-                        raise BrokerStopError(
-                            f"process {self._popen.pid} survived SIGKILL for {_KILL_WAIT_S:g} s"
-                        ) from exc
+                    return self.kill()
             return self._popen.wait()
         finally:
             if self._popen.returncode is not None:

@@ -22,7 +22,7 @@ from typing import Self
 from infra._process import (
     LOOPBACK,
     LoggedProcess,
-    StartStop,
+    ProcessBroker,
     free_port,
     on_fresh_ports,
     start_answering,
@@ -81,7 +81,7 @@ def tansu_command(binary: str, port: int, cluster_id: str = "preflight") -> list
     ]
 
 
-class EmbeddedBroker(StartStop):
+class EmbeddedBroker(ProcessBroker):
     """A Tansu broker on a loopback port, memory storage, for the life of this object's start/stop.
 
     Use as ``with EmbeddedBroker() as broker: ... broker.bootstrap_servers``, or call :meth:`start`
@@ -109,11 +109,6 @@ class EmbeddedBroker(StartStop):
         self._owns_workdir = False
 
     @property
-    def running(self) -> bool:
-        """Whether the broker process was started by us and is still alive."""
-        return self._process is not None and self._process.alive
-
-    @property
     def bootstrap_servers(self) -> str:
         """``"127.0.0.1:PORT"`` of the running broker.
 
@@ -122,11 +117,6 @@ class EmbeddedBroker(StartStop):
         if self._process is None or self._port is None:
             raise BrokerStateError("the embedded broker is not started")
         return f"{LOOPBACK}:{self._port}"
-
-    @property
-    def pid(self) -> int | None:
-        """The broker's process id while started, else ``None``."""
-        return self._process.pid if self._process is not None else None
 
     @property
     def log_path(self) -> Path | None:

@@ -29,6 +29,7 @@ from typing import Self
 from infra._process import (
     LOOPBACK,
     LoggedProcess,
+    ProcessBroker,
     StartStop,
     free_port,
     log_tail,
@@ -218,7 +219,7 @@ def server_properties(
     return "\n".join(lines) + "\n"
 
 
-class ApacheKafkaBroker(StartStop):
+class ApacheKafkaBroker(ProcessBroker):
     """An Apache Kafka KRaft node on two loopback ports (clients, controller), data in ``data_dir``.
 
     ``data_dir`` holds ``server.properties``, ``log4j2.xml``, the partition logs (``kraft/``) and the
@@ -251,11 +252,6 @@ class ApacheKafkaBroker(StartStop):
         self._process: LoggedProcess | None = None
 
     @property
-    def running(self) -> bool:
-        """Whether the broker process was started by us and is still alive."""
-        return self._process is not None and self._process.alive
-
-    @property
     def bootstrap_servers(self) -> str:
         """``"127.0.0.1:PORT"`` of the broker's client listener.
 
@@ -274,11 +270,6 @@ class ApacheKafkaBroker(StartStop):
         if self._ports is None:
             raise BrokerStateError("the Apache Kafka broker has no port yet")
         return self._ports[0]
-
-    @property
-    def pid(self) -> int | None:
-        """The JVM's process id while started, else ``None``."""
-        return self._process.pid if self._process is not None else None
 
     @property
     def data_dir(self) -> Path | None:
