@@ -24,7 +24,6 @@ from infra.brokers import Broker
 from preflight import MemoryEventSink
 from preflight.adapters.mcp import result_text
 from tests.gateway_support import (
-    KAFKA_READ_BACK_GAP,
     Scripted,
     client_of,
     engine,
@@ -101,7 +100,6 @@ def text_of(answer: dict[str, Any]) -> str:
     return " ".join(str(c.get("text", "")) for c in answer.get("content", []))
 
 
-@KAFKA_READ_BACK_GAP
 class TestTheInspectorCli:
     async def test_reads_pass_with_no_meta_and_undeclared_or_unapproved_calls_are_refused_by_name(
         self,
@@ -148,7 +146,6 @@ class TestTheInspectorCli:
         assert len(executed) == 1 and executed[0].action_key is None  # the read: unkeyed, never a baseline
 
 
-@KAFKA_READ_BACK_GAP
 class TestTheOpenAiAgentsSdk:
     async def test_its_mcp_server_lists_the_tools_and_makes_a_call(
         self, broker: Broker, topic_name: str, tmp_path: Path, time_params: StdioServerParameters
