@@ -238,8 +238,8 @@ class TestTheInspectorCliThroughTheConsole:
             "branch_name": "from-the-inspector",
             "approve": "yes",
         }
-        write = ("--method", "tools/call", "--tool-name", "git_create_branch")
-        write += ("--tool-arg", f"repo_path={git_repository}", "branch_name=from-the-inspector")
+        write = ["--method", "tools/call", "--tool-name", "git_create_branch", "--tool-arg"]
+        write += [f"repo_path={git_repository}", "branch_name=from-the-inspector"]
         asked: list[list[str]] = []
         with served_console(tmp_path, tmp_path / "questions.sqlite") as console:
             settings = git_settings(tmp_path, git_params)
