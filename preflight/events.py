@@ -113,6 +113,9 @@ class RunStarted(Envelope):
     intent_attempt: int
     tool_attempt: int
     user_checklist: list[Any]
+    # Shadow mode: the run of a call forwarded unchanged names the judged run whose call it forwarded
+    # (`preflight.reads.decide_forward`); absent from every other run, whose bytes stay as they were.
+    shadow_of: str | None = Field(default=None, exclude_if=lambda value: value is None)
 
 
 class FixedChecklistResolved(Envelope):

@@ -242,10 +242,13 @@ def decide_read(inp: PreflightInput, clock: Callable[[], str], *, named_read_onl
     )
 
 
-def decide_forward(inp: PreflightInput, clock: Callable[[], str], *, reason: str) -> Decided:
+def decide_forward(
+    inp: PreflightInput, clock: Callable[[], str], *, reason: str, shadow_of: str | None = None
+) -> Decided:
     """The run of a call forwarded unchanged in shadow mode: ``execute`` with the model's arguments (each a
     field marked as its proposal, as a read's are), unkeyed, so its recorded outcome is never a baseline.
-    `reason` says why it was forwarded (the shadow decision)."""
+    `reason` says why it was forwarded (the shadow decision); `shadow_of` names the judged run whose call
+    it forwards (its `run_started` member), so that the call is counted once and its outcome shown there."""
     tool = inp.tool
     now = clock()
     fixed = Fixed(
@@ -255,7 +258,10 @@ def decide_forward(inp: PreflightInput, clock: Callable[[], str], *, reason: str
         c2_source=None,
         c3_match=C3Match(approved=True, reason=reason),
     )
-    trace = _judged(started_summary(None, inp), fixed, reason, tool.name)
+    started = started_summary(None, inp)
+    if shadow_of is not None:
+        started["shadow_of"] = shadow_of
+    trace = _judged(started, fixed, reason, tool.name)
     proposal = inp.proposed_arguments
     arguments = {str(k): v for k, v in proposal.items()} if isinstance(proposal, Mapping) else {}
     return _execute_with_proposal(trace, fixed, arguments, now, SHADOW_NOTE, f"execute: {reason}", None)

@@ -509,7 +509,7 @@ def new_rows(
         "gap_daily": "SELECT CAST(timezone('UTC', r.started_at) AS DATE) AS day, r.tool, r.agent_id, count(*) AS runs,"
         " count(*) FILTER (WHERE r.decision = 'execute') AS executes, "
         + ", ".join(f"count(*) FILTER (WHERE r.gap_class = '{c}') AS {c}s" for c in _GAP_CLASSES)
-        + f", {run_day} AS lake_day FROM runs AS r {since_join.replace('t.', 'r.')}"
+        + f", {run_day} AS lake_day FROM counted_runs AS r {since_join.replace('t.', 'r.')}"
         f' WHERE coalesce(s.o, 0) <= r."offset" AND r.topic = $topic GROUP BY ALL',
         "consumer_offsets": "SELECT projection, topic, partition, next_offset, CAST(updated_at AS TIMESTAMPTZ)"
         " AS updated_at FROM consumer_offsets WHERE projection = $projection AND topic = $topic",

@@ -508,6 +508,7 @@ def run_page(
     fields = who.rows("provenance", _run(con, "provenance", run_id=run_id))
     slots = [_field_answer(s) for s in who.rows("responsibility", _run(con, "responsibility", run_id=run_id))]
     effects = _run(con, "effects", run_id=run_id)  # a call whose effect was unknown, and its read-back
+    forwards = _run(con, "shadow_forwards", run_id=run_id)  # shadow mode: what the forwarded call did
     csv = _csv(request, {"fields": (_FIELD_COLUMNS, fields), "responsibility": (_columns(slots), slots)})
     if csv is not None:
         return csv
@@ -522,6 +523,7 @@ def run_page(
         steps=pages.run_steps(run, fields),
         gate=pages.gate_in_words(run),
         effects=effects,
+        forwards=forwards,
     )
 
 
