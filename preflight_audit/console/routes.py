@@ -172,6 +172,9 @@ def cursor(request: Request, who: Reader) -> Any:
 
 
 Cursor = Annotated[duckdb.DuckDBPyConnection, Depends(cursor)]
+#: A time range's two ends as the search, gap and export forms send them (``from``, ``to``), parsed by each page.
+Since = Annotated[str | None, Query(alias="from", max_length=40)]
+Until = Annotated[str | None, Query(alias="to", max_length=40)]
 
 
 def heavy(request: Request) -> Iterator[None]:
@@ -328,8 +331,8 @@ def search(
     agent: Text = None,
     tool: Text = None,
     decision: Text = None,
-    since: Annotated[str | None, Query(alias="from", max_length=40)] = None,
-    until: Annotated[str | None, Query(alias="to", max_length=40)] = None,
+    since: Since = None,
+    until: Until = None,
     page: Annotated[int | None, Query(ge=1, le=1_000_000)] = None,
 ) -> Response:
     """Runs by action_key (or a part of one), user, agent, tool, decision and time range, newest first."""
@@ -560,8 +563,8 @@ def gaps(
     who: Reader,
     con: Cursor,
     _: Annotated[None, Heavy],
-    since: Annotated[str | None, Query(alias="from", max_length=40)] = None,
-    until: Annotated[str | None, Query(alias="to", max_length=40)] = None,
+    since: Since = None,
+    until: Until = None,
 ) -> Response:
     """Every gap class per tool, agent and day: SVG charts, with their numbers in tables beside them."""
     try:
@@ -692,8 +695,8 @@ def export(
     who: Compliance,
     con: Cursor,
     _: Annotated[None, Heavy],
-    since: Annotated[str | None, Query(alias="from", max_length=40)] = None,
-    until: Annotated[str | None, Query(alias="to", max_length=40)] = None,
+    since: Since = None,
+    until: Until = None,
 ) -> Response:
     """The runs started in a time range, with their fields, items, gates, outcomes and events, as Parquet
     files in one zip -- streamed: the files are written to disk, then zipped as they are sent, so memory
