@@ -363,7 +363,7 @@ async def settle_field(
 
 
 async def _apply_policy(record: FieldRecord, ctx: LookupContext, hooks: Mapping[str, Hook]) -> FieldRecord:
-    given = record.model_dump(mode="json")
+    given = record.as_json()
     given.setdefault("value", None)
     try:
         out = await call(hooks["apply_field_policy"], dict(given), ctx)
