@@ -130,7 +130,8 @@ def run_events(
             gate=gate_json,
         )
     elif decision == "deferred":
-        chain.add("run_deferred", pending_fields=trace.deferred_pending, deferred_input=record.deferred_input)
+        assert record.deferred_input is not None
+        chain.add("run_deferred", pending_fields=trace.deferred_pending, deferred_input=dict(record.deferred_input))
     elif decision == "execute":
         assert trace.arguments is not None and record.fixed is not None and gate_json is not None
         decision_id = new_id()

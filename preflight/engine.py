@@ -193,7 +193,7 @@ def started_summary(raw: Mapping[str, Any] | None, parsed: PreflightInput | None
             "user_checklist": [],
         }
     try:
-        tool_digest: str | None = digest(parsed.tool.model_dump(mode="json", by_alias=True))
+        tool_digest: str | None = digest(parsed.tool.recorded_json())
     except (TypeError, ValueError):  # NaN or a lone surrogate in the definition: no digest, and the
         tool_digest = None  # run's own events will fail to encode and fall to the backstop
     segments = (
