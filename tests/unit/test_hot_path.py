@@ -31,9 +31,9 @@ from preflight.events import (
     seal,
     verify_event_hash,
 )
-from preflight.signing import DecisionSigner
 from preflight.fingerprint import normalise
 from preflight.records import RECORD_SCHEMA_VERSION, FieldRecord
+from preflight.signing import DecisionSigner
 
 ENVELOPE: dict[str, Any] = {
     "event_id": "00000000-0000-4000-8000-000000000000",
