@@ -48,13 +48,16 @@ SUMS = {
     "upstream": "preflight_gateway_upstream_seconds",
 }
 
+#: The gateway process's CPU seconds (user and system; its metrics' process collector).
+CPU = "process_cpu_seconds_total"
+
 
 @dataclass
 class Measured:
     cold: tuple[float, float]
     plain: list[float]
     through: list[float]
-    parts: dict[str, float]  # ms per gated call: ack, call, upstream; and publishes per call
+    parts: dict[str, float]  # ms per gated call: ack, call, upstream, the process's cpu; and publishes per call
 
 
 def free_port() -> int:
@@ -68,7 +71,7 @@ def totals(text: str) -> dict[str, float]:
     out: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name.endswith(("_sum", "_count")):
+            if sample.name.endswith(("_sum", "_count")) or sample.name == "process_cpu_seconds_total":
                 out[sample.name] = out.get(sample.name, 0.0) + sample.value
     return out
 
@@ -138,6 +141,7 @@ async def measure(calls: int, warmup: int, broker: str, work: Path) -> Measured:
     made = after[SUMS["call"] + "_count"] - before[SUMS["call"] + "_count"]
     parts = {k: 1000.0 * (after[m + "_sum"] - before[m + "_sum"]) / made for k, m in SUMS.items()}
     parts["publishes"] = (after[SUMS["ack"] + "_count"] - before[SUMS["ack"] + "_count"]) / made
+    parts["cpu"] = 1000.0 * (after[CPU] - before[CPU]) / made
     return Measured(cold, plain, through, parts)
 
 
@@ -175,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  share of the mean added {mean:.2f} ms (gateway metrics over the measured calls):")
     for name, ms in shares.items():
         print(f"    {name:48s} {ms:6.2f} ms  {100.0 * ms / mean if mean > 0 else 0.0:5.1f} %")
+    print(f"  gateway process CPU per call (all its threads, its upstream client side included): {parts['cpu']:.2f} ms")
     return 0
 
 
