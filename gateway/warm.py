@@ -1,9 +1,10 @@
 """Warm-up at start, so that the first call is as fast as the later ones.
 
-A first call used to pay for everything done once per process: the JSON Schema validator's import and each
-tool's compiled schema (`preflight.arguments`), the engine's models, hashing and emitting on first use, and
-the event sink's first metadata round trip for its topic. `warm_up` does all of that before the gateway
-serves, and nothing else: it calls no tool and records nothing (its scratch runs go to an in-memory sink).
+A first call used to pay for everything done once per process: the JSON Schema validator's import, each
+tool's compiled input and output schemas (`preflight.arguments`, `preflight.results`), the engine's models,
+hashing and emitting on first use, and the event sink's first metadata round trip for its topic. `warm_up`
+does all of that before the gateway serves, and nothing else: it calls no tool and records nothing (its
+scratch runs go to an in-memory sink).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from mcp.types import CallToolResult, TextContent, Tool
 from preflight import MemoryEventSink, MemoryStorage, create_preflight
 from preflight.adapters.mcp import call_hooks, tool_wire
 from preflight.arguments import ArgumentsError, plan_call
+from preflight.results import output_check
 
 __all__ = ["warm_up"]
 
@@ -42,6 +44,9 @@ async def warm_up(tools: Sequence[Tool], sink: Any = None) -> float:
         if isinstance(schema, dict):
             with contextlib.suppress(ArgumentsError):  # a tool the engine will hold: nothing to warm
                 plan_call(schema, [r for r in schema.get("required") or () if isinstance(r, str)], {})
+        output = wire.get("outputSchema")
+        if isinstance(output, dict):
+            output_check({}, output)  # its result's check compiled now (`preflight.results`)
     try:
         scratch = create_preflight(call_hooks(), MemoryStorage(), MemoryEventSink(), strict=True, require_approval=True)
         base = {"user_id": "warm-up", "agent_id": "warm-up", "instruction": []}
