@@ -205,7 +205,7 @@ async def run_gateway(
         who = user_of_request(tokens) if transport == "http" and tokens is not None else None
         gateway = Gateway(settings, upstreams, engine, user_of_request=who, metrics=GatewayMetrics(upstreams.status))
         tools = len(upstreams.tools())
-        warmed = await warm_up(upstreams.tools(), engine.sink)
+        warmed = await warm_up(upstreams.tools(), engine.sink, signer=signer)
         print(f"preflight gateway: warmed up in {warmed * 1000:.0f} ms", file=err, flush=True)
 
         def started(where: str) -> None:
