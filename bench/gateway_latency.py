@@ -13,7 +13,8 @@ warm p50/p99 of each side and the **added** p50/p99 per call pair against the li
 quiet machine), as ratios; and the **share of each part** of the mean added time, from the gateway's own
 metrics over the measured calls: the broker's acknowledgements (``preflight_publish_ack_seconds``), the
 engine and the gateway's code (its time per call less the upstream's and the acks), and the MCP hops (the
-rest: the extra stdio hop and the SDK's serialisation on both sides).
+rest: the extra stdio hop and the SDK's serialisation on both sides). Last, the gateway process's CPU per call
+(``process_cpu_seconds_total``: all its threads, its client side of the upstream included).
 """
 
 from __future__ import annotations
