@@ -56,6 +56,7 @@ CPU = "process_cpu_seconds_total"
 @dataclass
 class Measured:
     cold: tuple[float, float]
+    cold_parts: dict[str, float]  # the gateway's first call, ms: ack, call, upstream (its own metrics)
     plain: list[float]
     through: list[float]
     parts: dict[str, float]  # ms per gated call: ack, call, upstream, the process's cpu; and publishes per call
@@ -128,7 +129,10 @@ async def measure(calls: int, warmup: int, broker: str, work: Path) -> Measured:
         ):
             await d.initialize()
             await g.initialize()
-            cold = (await timed(d), await timed(g))  # each side's first call after its start
+            direct_first = await timed(d)
+            started = await scrape(metrics)
+            cold = (direct_first, await timed(g))  # each side's first call after its start
+            first = await scrape(metrics)
             for _ in range(warmup):
                 await timed(d)
                 await timed(g)
@@ -143,7 +147,8 @@ async def measure(calls: int, warmup: int, broker: str, work: Path) -> Measured:
     parts = {k: 1000.0 * (after[m + "_sum"] - before[m + "_sum"]) / made for k, m in SUMS.items()}
     parts["publishes"] = (after[SUMS["ack"] + "_count"] - before[SUMS["ack"] + "_count"]) / made
     parts["cpu"] = 1000.0 * (after[CPU] - before[CPU]) / made
-    return Measured(cold, plain, through, parts)
+    cold_parts = {k: 1000.0 * (first[m + "_sum"] - started.get(m + "_sum", 0.0)) for k, m in SUMS.items()}
+    return Measured(cold, cold_parts, plain, through, parts)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -162,6 +167,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"gateway bench: {ns.calls} read-only calls each way, alternating (after {ns.warmup} warm-up pairs)")
     print(f"  cold start (first call)   direct {m.cold[0]:7.2f} ms   gateway {m.cold[1]:7.2f} ms")
     print(f"    gateway's first call / its warm p50: {m.cold[1] / p50[1]:.2f}x")
+    c = m.cold_parts
+    print(
+        f"    of its first call: upstream {c['upstream']:.2f} ms, broker acks {c['ack']:.2f} ms,"
+        f" engine and gateway code {c['call'] - c['upstream'] - c['ack']:.2f} ms,"
+        f" MCP hops {m.cold[1] - c['call']:.2f} ms"
+    )
     print(f"  direct to the upstream    p50 {p50[0]:7.2f} ms   p99 {p99[0]:7.2f} ms")
     print(f"  through the gateway       p50 {p50[1]:7.2f} ms   p99 {p99[1]:7.2f} ms")
     print(f"  ratio of medians (gateway / direct): {p50[1] / p50[0]:.2f}x")

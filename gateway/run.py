@@ -207,6 +207,7 @@ async def run_gateway(
         who = user_of_request(tokens) if transport == "http" and tokens is not None else None
         gateway = Gateway(settings, upstreams, engine, user_of_request=who, metrics=GatewayMetrics(upstreams.status))
         tools = len(upstreams.tools())
+        gateway.prepare()
         warmed = await warm_up(upstreams.tools(), engine.sink, signer=signer)
         # The SDK's stdio transport reads and writes each message in worker threads; a worker that finishes
         # while the event loop computes waits for the GIL up to the switch interval (5 ms by default) before
