@@ -8,7 +8,8 @@ gateway, direct, ...) so that the machine's noise falls on both alike. The call 
 {"timezone": "Asia/Seoul"}` with no `_meta`, as a client that sends no user words makes it: a read, admitted
 (SPEC §2.7), its decision published and acknowledged before the call, its outcome after.
 
-Prints: the **cold start** (each side's first call after its start, the gateway's after its warm-up); the
+Prints: the **cold start** (each side's first call after its start, the gateway's after its warm-up, split into
+the same parts as below); the
 warm p50/p99 of each side and the **added** p50/p99 per call pair against the limits (3 ms and 8 ms on a
 quiet machine), as ratios; and the **share of each part** of the mean added time, from the gateway's own
 metrics over the measured calls: the broker's acknowledgements (``preflight_publish_ack_seconds``), the
