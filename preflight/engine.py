@@ -154,10 +154,26 @@ def execution_refused(
         decided_run_id=decided_run_id,
         _diag={"reason": reason},
     )
-    record = ExecutionRecord(
+    record = hold_record(gate, f"hold: execution refused ({code}): {reason}", now, action_key=action_key)
+    started = {**started_summary(None, None), "tool_name": tool_name}
+    return Decided(record, Trace(started=started, gate_name="execution", gap_class="unmet_condition"))
+
+
+def hold_record(
+    gate: Any,
+    reason: str,
+    now: str,
+    *,
+    action_key: str | None = None,
+    phase: Any = None,
+    fixed: Fixed | None = None,
+    admission: AdmissionVerdict | None = None,
+) -> ExecutionRecord:
+    """The record of a run held before any field was read: its `gate` and `reason`, nothing resolved."""
+    return ExecutionRecord(
         action_key=action_key,
-        phase=None,
-        fixed=None,
+        phase=phase,
+        fixed=fixed,
         fields=None,
         advisory_notes="",
         user_checklist=[],
@@ -165,11 +181,10 @@ def execution_refused(
         unverified_checklist_count=None,
         gate=gate,
         execution_decision="hold",
-        reason=f"hold: execution refused ({code}): {reason}",
+        reason=reason,
         timestamp=now,
+        admission=admission,
     )
-    started = {**started_summary(None, None), "tool_name": tool_name}
-    return Decided(record, Trace(started=started, gate_name="execution", gap_class="unmet_condition"))
 
 
 def _json_list(raw: Any) -> list[Any]:
