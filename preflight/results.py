@@ -78,7 +78,8 @@ def output_check(content: Any, schema: Mapping[str, Any] | None) -> str | None:
     if schema is None or content is None:
         return None
     try:
-        text = json.dumps(schema, sort_keys=True, allow_nan=False)
+        # in its own key order: the order the keywords are checked in decides which of two violations is named
+        text = json.dumps(schema, allow_nan=False)
     except (TypeError, ValueError):
         return _checked(_output_checker_of(dict(schema)), content)  # not JSON: checked as it is, uncached
     return _checked(_output_checker(text), content)
@@ -98,7 +99,8 @@ def _checked(checker: Any, content: Any) -> str:
 
 @functools.lru_cache(maxsize=256)
 def _output_checker(text: str) -> Any:
-    """The validator of the output schema `text` (canonical JSON), or why it cannot check anything."""
+    """The validator of the output schema `text` (JSON, the schema's own key order), or why it cannot
+    check anything."""
     return _output_checker_of(json.loads(text))
 
 
