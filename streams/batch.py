@@ -25,6 +25,8 @@ from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import orjson
+
 from preflight.errors import EventDecodeError
 from preflight.events import decode_message
 from preflight.fold import CORE, Position, evolve, restore_part
@@ -52,6 +54,25 @@ def progress_key(partition: int) -> str:
 def part_key(part: str, action_key: str) -> str:
     """The changelog key of one part of `action_key`'s state."""
     return f"{part}:{action_key}"
+
+
+def encode_changelog_value(value: Any) -> bytes:
+    """A changelog record's value as JSON (what Faust's json codec writes, read back by it alike): orjson,
+    or the standard library for what orjson cannot write (an integer beyond 64 bits in an event)."""
+    try:
+        return orjson.dumps(value)
+    except TypeError:
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def decode_changelog_value(value: bytes | None) -> Any:
+    """A changelog record's value read back (`encode_changelog_value`); None for a tombstone."""
+    if value is None:
+        return None
+    try:
+        return orjson.loads(value)
+    except orjson.JSONDecodeError:  # an integer beyond 64 bits
+        return json.loads(value)
 
 
 def restore_record(table: MutableMapping[str, Any], key: str, value: Any) -> str | None:
