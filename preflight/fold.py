@@ -204,34 +204,35 @@ def evolve(
         return _anomaly(base, "message is not a non-empty list of events", "not_an_event_array")
     # Event by event, each wholly (shape, model, id, hash) before the next, in the projector's order
     # (`projections.decode`), so that both name the same first defect.
-    # A message the shared intake check has vouched for (`preflight.intake`) passed all of this already.
-    checked = message if getattr(message, "vouched", False) else ()
-    texts = getattr(message, "texts", None) or [None] * len(message)
-    for index, (event, text) in enumerate(zip(message, texts, strict=True)) if not checked else ():
-        problem = check_shape(event)
-        if problem is not None:
-            return _anomaly(base, f"event {index}: {problem}", _shape_code(problem))
-        # The whole model, strictly, as the projector reads it: an intact chain does not make a run well
-        # formed. Its strict shape (`preflight.shapes`: the model, a UUID event_id) first, without pydantic;
-        # the model itself judges (and names) whatever the shape does not accept. (`hashed`: the hash is
-        # checked next; without it nothing of this event is used.)
-        if not conforms(event, text):
-            try:
-                decode_event(event, hashed=True)
-            except EventDecodeError as exc:
-                return _anomaly(base, f"event {index}: {exc}", "malformed_event")
-            if not _UUID.fullmatch(event["event_id"]):
+    # A message the consumers' shared intake check vouched for (`preflight.intake.vouched`: each event valid
+    # under its model, its event_id a UUID, its hash matching) has passed all of this already.
+    if not getattr(message, "vouched", False):
+        texts = getattr(message, "texts", None) or [None] * len(message)
+        for index, (event, text) in enumerate(zip(message, texts, strict=True)):
+            problem = check_shape(event)
+            if problem is not None:
+                return _anomaly(base, f"event {index}: {problem}", _shape_code(problem))
+            # The whole model, strictly, as the projector reads it: an intact chain does not make a run well
+            # formed. Its strict shape (`preflight.shapes`: the model, a UUID event_id) first, without pydantic;
+            # the model itself judges (and names) whatever the shape does not accept. (`hashed`: the hash is
+            # checked next; without it nothing of this event is used.)
+            if not conforms(event, text):
+                try:
+                    decode_event(event, hashed=True)
+                except EventDecodeError as exc:
+                    return _anomaly(base, f"event {index}: {exc}", "malformed_event")
+                if not _UUID.fullmatch(event["event_id"]):
+                    return _anomaly(
+                        base, f"event {index}: event_id {event['event_id']!r:.80} is not a UUID", "event_id_not_uuid"
+                    )
+            if not hash_matches(event, text):
+                try:  # a value with no canonical form (a lone surrogate) is malformed, as the projector finds
+                    decode_event(event)
+                except EventDecodeError as exc:
+                    return _anomaly(base, f"event {index}: {exc}", "malformed_event")
                 return _anomaly(
-                    base, f"event {index}: event_id {event['event_id']!r:.80} is not a UUID", "event_id_not_uuid"
+                    base, f"broken hash chain: seq {event['seq']} hash does not match its content", "broken_chain"
                 )
-        if not hash_matches(event, text):
-            try:  # a value with no canonical form (a lone surrogate) is malformed, as the projector finds
-                decode_event(event)
-            except EventDecodeError as exc:
-                return _anomaly(base, f"event {index}: {exc}", "malformed_event")
-            return _anomaly(
-                base, f"broken hash chain: seq {event['seq']} hash does not match its content", "broken_chain"
-            )
     run_ids = {e["run_id"] for e in message}
     if len(run_ids) != 1:
         return _anomaly(base, "message mixes events of several runs", "mixed_runs")

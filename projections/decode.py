@@ -55,6 +55,7 @@ from preflight.events import (
     decode_event,
     event_canonical_json,
 )
+from preflight.intake import CANONICAL as _CANONICAL  # noqa: F401 -- named here before
 from preflight.intake import MESSAGE as _MESSAGE  # noqa: F401 -- named here before
 from preflight.intake import NATIVE, NATIVE_CHECK, NATIVE_ENV, EventJson, fast_path  # noqa: F401 -- named here before
 from preflight.intake import RELAXED as _RELAXED  # noqa: F401 -- named here before

@@ -28,8 +28,9 @@ from typing import Any
 import orjson
 
 from preflight.errors import EventDecodeError
-from preflight.events import decode_message
+from preflight.events import WireEvents, decode_message
 from preflight.fold import CORE, Position, evolve, restore_part
+from preflight.intake import VouchedEvents, vouched
 from preflight.signing import DecisionVerifier
 
 #: Table keys: a key's state lives under STATE_PREFIX + action_key, a partition's progress under
@@ -54,6 +55,14 @@ def progress_key(partition: int) -> str:
 def part_key(part: str, action_key: str) -> str:
     """The changelog key of one part of `action_key`'s state."""
     return f"{part}:{action_key}"
+
+
+def decode_value(value: bytes | None) -> VouchedEvents | WireEvents:
+    """A message's events: vouched for by the consumers' shared intake check (`preflight.intake.vouched`, the
+    projector's), or else decoded for `preflight.fold.evolve` to judge event by event (`decode_message`),
+    which names the defect; `EventDecodeError` if the value is not JSON events at all."""
+    checked = vouched(value)
+    return checked if checked is not None else decode_message(value)
 
 
 def encode_changelog_value(value: Any) -> bytes:
@@ -286,7 +295,7 @@ def fold_partition(
     items: Iterable[Incoming | Missing],
     progress: Progress,
     load: StateLoader,
-    decode: Callable[[bytes | None], list[Any]] = decode_message,
+    decode: Callable[[bytes | None], list[Any]] = decode_value,
     *,
     verifier: DecisionVerifier | None = None,
 ) -> PartitionFold:
