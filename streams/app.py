@@ -45,6 +45,7 @@ from faust.types import TP, Message
 from faust.web import Request, Response, View
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from preflight.fold import UnrebuildableBaselineError
 from preflight.signing import DecisionVerifier
 from streams.backfill import Backfill
 from streams.batch import (
@@ -765,7 +766,11 @@ class Folder:
             body = unavailable_body(action_key, reason, partition, self.progress(partition))
             return view.json(body, status=503)
         state = self.state(state_key(action_key))
-        return view.json(baseline_body(action_key, state, partition, self.progress(partition)))
+        try:
+            return view.json(baseline_body(action_key, state, partition, self.progress(partition)))
+        except UnrebuildableBaselineError as exc:  # fail closed: no baseline rather than a wrong one
+            log.error("baseline of %r: %s", action_key, exc)
+            return view.json(unavailable_body(action_key, str(exc), partition, self.progress(partition)), status=503)
 
     def status(self) -> dict[str, Any]:
         partitions = sorted(self.assigned)
