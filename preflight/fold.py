@@ -25,6 +25,10 @@ core (offsets, counts), the baseline, and one part per remembered run (a slot of
 holding the run's event ids, and its events while it awaits an outcome). A message stores only the
 parts it changed (`Folded.parts`), never the whole history; `restore_part` puts them back together.
 The index of remembered run and event ids (``seen``) is derived from the runs and never stored.
+
+The baseline keeps the executed run's events (as verified on arrival); its record is rebuilt from them when
+it is read (`baseline_json`, remembered), never on the fold's path. A message the consumers' shared intake
+check vouched for (`preflight.intake`) skips the per-event checks it has passed.
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@ Wiring, and nothing that decides:
 
 * the events topic (must exist, `settings.partitions` partitions), raw bytes in and out;
 * one table, keyed ``k:<action_key>`` (a key's folded state) and ``w:<partition>`` (the partition's
-  progress: watermark and counts), changelog-backed with as many partitions as the events topic;
+  progress: watermark and counts), changelog-backed with as many partitions as the events topic, written
+  a batch at a time (`Folder._send_changelog`) and restored by the worker's own reader (`FoldTable`);
 * one agent that takes batches with `take_events` and hands each partition's messages to
   `streams.batch.fold_partition` (around `preflight.fold.evolve`), publishes the dead letters, then
   writes each changed state once and the partition's progress last;
@@ -100,7 +101,9 @@ class FoldTable(faust.Table[str, Any]):
     reader: Backfill | None = None
     #: Per changelog partition, the last offset `on_rebalance` restored (for `persisted_offset`).
     restored_to: dict[int, int]
+    #: Since the process started: the changelog records `on_rebalance` restored, and the seconds it took.
     restored_records = 0
+    restore_s = 0.0
 
     def apply_changelog_batch(self, batch: Iterable[Any]) -> None:
         for event in batch:
@@ -153,6 +156,7 @@ class FoldTable(faust.Table[str, Any]):
             return
         self.restored_to = restored
         self.restored_records += records
+        self.restore_s += time.monotonic() - began
         log.info(
             "restored %d changelog records of partitions %s in %.2f s (up to %s)",
             records,
@@ -792,6 +796,8 @@ class Folder:
                 "failed_batches": self.failed_batches,
                 "commit_failures": self.commit_failures,
                 "rebalances": self.rebalances,
+                "restored_records": getattr(self.table, "restored_records", None),
+                "restore_s": getattr(self.table, "restore_s", None),
                 "first_fold_at": self.first_fold_at,
                 "last_fold_at": self.last_fold_at,
             },
