@@ -497,6 +497,10 @@ class Folder:
                     log.exception("catching up from the log failed; retrying in 1 s")
                     await asyncio.sleep(1.0)
         self.recount(owned)
+        # Faust seeks the streams to the group's committed offsets once the assignment's recovery is done, then
+        # resumes the flow. Committing before that seek would move where the consumer resumes -- past the
+        # messages a replay would redeliver -- depending on which of the two the event loop ran first.
+        await self.app.flow_control.acquire()
         await self._commit({p: self.progress(p).offset + 1 for p in owned})
         if generation is None or generation == self.generation:
             self.recovery_s = time.monotonic() - self._began
