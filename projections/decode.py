@@ -24,8 +24,9 @@ holding a float (or anything the fast path does not accept) takes the reference 
 standard library, validated event by event with `preflight.events.decode_event`, hashed with
 `preflight.events.content_hash` itself, which also names the precise defect.
 
-The fast path has a compiled part (`native/`, the `preflight_audit_native` module, built by `make`
-wherever there is a Rust toolchain). The producer writes each event in canonical form, so it checks on the
+The fast path is the consumers' shared intake check (`preflight.intake`: the fold worker asks it too). It
+has a compiled part (`native/`, the `preflight_audit_native` module, built by `make` wherever there is a
+Rust toolchain). The producer writes each event in canonical form, so it checks on the
 message's own bytes that every event is in that form, its event_id a UUID and its hash a lower-case digest
 that matches, and answers their texts (appending their archive rows to the chunk's `ArchiveColumns`) --
 or nothing, for anything it cannot vouch for (a float, an escaped key, whitespace, a hash that does not
