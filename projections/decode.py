@@ -56,14 +56,20 @@ from preflight.events import (
     decode_event,
     event_canonical_json,
 )
-from preflight.intake import CANONICAL as _CANONICAL  # noqa: F401 -- named here before
-from preflight.intake import MESSAGE as _MESSAGE  # noqa: F401 -- named here before
-from preflight.intake import NATIVE, NATIVE_CHECK, NATIVE_ENV, EventJson, fast_path  # noqa: F401 -- named here before
-from preflight.intake import RELAXED as _RELAXED  # noqa: F401 -- named here before
-from preflight.intake import RELAXED_SHAPES as _RELAXED_SHAPES  # noqa: F401 -- named here before
-from preflight.intake import as_dicts as _as_dicts  # noqa: F401 -- named here before
-from preflight.intake import decoded as _decoded  # noqa: F401 -- named here before
-from preflight.intake import shaped as _shaped  # noqa: F401 -- named here before
+from preflight.intake import (
+    CANONICAL,
+    MESSAGE,
+    NATIVE_CHECK,
+    RELAXED,
+    RELAXED_SHAPES,
+    EventJson,
+    as_dicts,
+    decoded,
+    fast_path,
+    shaped,
+)
+from preflight.intake import NATIVE as NATIVE
+from preflight.intake import NATIVE_ENV as NATIVE_ENV
 from preflight.records import UNKEYED_RECORD_KEY
 from preflight.shapes import UUID_PATTERN as _UUID_PATTERN
 from preflight.shapes import has_float as _has_float
@@ -80,6 +86,9 @@ __all__ = [
 ]
 
 _SORTED: Final = orjson.OPT_SORT_KEYS
+#: The fast path's parts (`preflight.intake`), under the names they had here.
+_CANONICAL, _MESSAGE, _RELAXED, _RELAXED_SHAPES = CANONICAL, MESSAGE, RELAXED, RELAXED_SHAPES
+_as_dicts, _decoded, _shaped = as_dicts, decoded, shaped
 #: The compiled check (`preflight.intake.NATIVE_CHECK`), or None; `_fast_path` reads it here at each call.
 _NATIVE: Callable[..., list[bytes] | None] | None = NATIVE_CHECK
 

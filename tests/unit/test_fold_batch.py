@@ -268,6 +268,10 @@ _VALUES = st.sampled_from(
 )
 
 
+def _no_state(key: str) -> Mapping[str, Any] | None:
+    return None
+
+
 class TestIntakePaths:
     """The fold's verdict is the same whichever path a message takes: vouched for by the consumers' shared intake
     check (`preflight.intake`, compiled where built) or judged event by event by the reference path."""
@@ -294,8 +298,8 @@ class TestIntakePaths:
         items: list[Incoming | Missing] = [
             Incoming(0, i, kafka_key(h[name]), v) for i, (name, v) in enumerate(zip(names, values, strict=True))
         ]
-        vouching = fold_partition(TOPIC, 0, items, Progress(), {}.get, decode_value)
-        reference = fold_partition(TOPIC, 0, items, Progress(), {}.get, decode_message)
+        vouching = fold_partition(TOPIC, 0, items, Progress(), _no_state, decode_value)
+        reference = fold_partition(TOPIC, 0, items, Progress(), _no_state, decode_message)
         assert [(d.offset, d.dead_letter_code, d.reason) for d in vouching.dead_letters] == [
             (d.offset, d.dead_letter_code, d.reason) for d in reference.dead_letters
         ]
