@@ -260,26 +260,8 @@ def measure(path: Path, samples: int, seed: int) -> None:
         con.close()
 
 
-async def bench(args: argparse.Namespace) -> None:
-    work = Path(tempfile.mkdtemp(prefix="bench-queries-"))
-    try:
-        t0 = time.perf_counter()
-        messages = await seed_messages(args.seed_users, args.runs_per_user, args.seed)
-        seed_path = work / "seed.duckdb"
-        seed_events = write_seed(seed_path, messages)
-        print(f"seed: {len(messages)} messages, {seed_events} events, projected ({time.perf_counter() - t0:.1f} s)")
-        t0 = time.perf_counter()
-        path = work / "archive.duckdb"
-        total = build(path, seed_path, seed_events, args)
-        size = path.stat().st_size
-        print(f"built {total:,} events in {time.perf_counter() - t0:.0f} s; file {size / 2**30:.2f} GiB")
-        measure(path, samples=5, seed=args.seed)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def archive_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options that shape the archive `build_archive` builds (this bench's and `console_page.py`'s)."""
     parser.add_argument("--events", type=int, default=10_000_000)
     parser.add_argument("--users", type=int, default=20_000)
     parser.add_argument("--days", type=int, default=90)
@@ -288,6 +270,34 @@ def main() -> None:
     parser.add_argument("--chunk-events", type=int, default=1_000_000)
     parser.add_argument("--memory-limit", default="4GB")
     parser.add_argument("--seed", type=int, default=5)
+
+
+async def build_archive(work: Path, args: argparse.Namespace) -> Path:
+    """The seed's runs projected into ``work/seed.duckdb``, replicated (`build`) into ``work/archive.duckdb``."""
+    t0 = time.perf_counter()
+    messages = await seed_messages(args.seed_users, args.runs_per_user, args.seed)
+    seed_path = work / "seed.duckdb"
+    seed_events = write_seed(seed_path, messages)
+    print(f"seed: {len(messages)} messages, {seed_events} events, projected ({time.perf_counter() - t0:.1f} s)")
+    t0 = time.perf_counter()
+    path = work / "archive.duckdb"
+    total = build(path, seed_path, seed_events, args)
+    size = path.stat().st_size
+    print(f"built {total:,} events in {time.perf_counter() - t0:.0f} s; file {size / 2**30:.2f} GiB")
+    return path
+
+
+async def bench(args: argparse.Namespace) -> None:
+    work = Path(tempfile.mkdtemp(prefix="bench-queries-"))
+    try:
+        measure(await build_archive(work, args), samples=5, seed=args.seed)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    archive_arguments(parser)
     asyncio.run(bench(parser.parse_args()))
 
 

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 import httpx
-from archive_queries import build, seed_messages, write_seed
+from archive_queries import archive_arguments, build_archive
 
 import queries
 from preflight_audit.access import parse_tokens
@@ -105,30 +105,14 @@ def measure(path: Path, keys_wanted: int, rounds: int, seed: int) -> None:
 async def bench(args: argparse.Namespace) -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-console-"))
     try:
-        t0 = time.perf_counter()
-        messages = await seed_messages(args.seed_users, args.runs_per_user, args.seed)
-        seed_path = work / "seed.duckdb"
-        seed_events = write_seed(seed_path, messages)
-        print(f"seed: {len(messages)} messages, {seed_events} events, projected ({time.perf_counter() - t0:.1f} s)")
-        t0 = time.perf_counter()
-        path = work / "archive.duckdb"
-        total = build(path, seed_path, seed_events, args)
-        print(f"built {total:,} events in {time.perf_counter() - t0:.0f} s; file {path.stat().st_size / 2**30:.2f} GiB")
-        measure(path, args.keys, args.rounds, args.seed)
+        measure(await build_archive(work, args), args.keys, args.rounds, args.seed)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--events", type=int, default=10_000_000)
-    parser.add_argument("--users", type=int, default=20_000)
-    parser.add_argument("--days", type=int, default=90)
-    parser.add_argument("--seed-users", type=int, default=300)
-    parser.add_argument("--runs-per-user", type=int, default=6)
-    parser.add_argument("--chunk-events", type=int, default=1_000_000)
-    parser.add_argument("--memory-limit", default="4GB")
-    parser.add_argument("--seed", type=int, default=5)
+    archive_arguments(parser)
     parser.add_argument("--keys", type=int, default=50)
     parser.add_argument("--rounds", type=int, default=4)
     asyncio.run(bench(parser.parse_args()))

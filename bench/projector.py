@@ -49,7 +49,8 @@ from infra.brokers import create_topics, publish_messages
 from infra.embedded import EmbeddedBroker
 from preflight import MemoryEventSink, MemoryStorage, create_preflight
 from preflight import scenario as sc
-from preflight.events import canonical_json, content_hash
+from preflight.events import canonical_json
+from preflight.testing import rechained
 from projections import Projector, ProjectorStats, open_database
 from projections.decode import Incoming
 from projections.projector import DECODE_NICENESS, default_decode_workers, tune_interpreter
@@ -162,26 +163,8 @@ async def templates() -> dict[tuple[str, str], list[list[dict[str, Any]]]]:
 
 def rechain(template: list[list[dict[str, Any]]], user: str, agent: str) -> list[bytes]:
     """A copy of a template run for `user`/`agent`, with fresh ids and its chain recomputed."""
-    text = json.dumps(template).replace(TEMPLATE_USER, user).replace(TEMPLATE_AGENT, agent)
-    olds = {e["run_id"] for m in template for e in m} | {
-        e["decision_id"] for m in template for e in m if "decision_id" in e
-    }
-    for old in olds:
-        text = text.replace(old, str(uuid.uuid4()))
-    messages: list[list[dict[str, Any]]] = json.loads(text)
-    prev = "0" * 64
-    encoded = []
-    for message in messages:
-        for event in message:
-            event["event_id"] = str(uuid.uuid4())
-            event["prev_hash"] = prev
-            if event["event_type"] == "run_closed":
-                event["last_hash"] = prev
-            event.pop("hash")
-            event["hash"] = content_hash(prev, event)
-            prev = event["hash"]
-        encoded.append(b"[" + b",".join(canonical_json(e) for e in message) + b"]")
-    return encoded
+    copied = rechained(template, {TEMPLATE_USER: user, TEMPLATE_AGENT: agent})
+    return [b"[" + b",".join(canonical_json(e) for e in message) + b"]" for message in copied]
 
 
 async def workload(n_events: int, n_users: int, seed: int = 11) -> tuple[list[tuple[bytes, bytes]], int, Counter[str]]:

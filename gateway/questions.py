@@ -82,12 +82,16 @@ def stored_form(
     answered in this call (`carried`)."""
     leaves = {m.name: dict(m.schema) for m in outcome.missing}
     stored = {**form[1], LEAVES_KEY: leaves}
-    if carried is not None and (carried.user_answers or carried.checklist_answers or carried.approved):
+    if carried is not None and (
+        carried.user_answers or carried.checklist_answers or carried.approved or carried.restatement is not None
+    ):
         stored[CARRIED_KEY] = {
             "user_answers": carried.user_answers,
             "checklist_answers": carried.checklist_answers,
             "approved": carried.approved is True,
         }
+        if carried.restatement is not None:  # the user's own words, said before this question: not asked again
+            stored[CARRIED_KEY]["restatement"] = carried.restatement
     return stored
 
 
@@ -110,7 +114,7 @@ def answers_of(question: Question) -> Answers:
         user_answers={**carried.get("user_answers", {}), **said.user_answers},
         checklist_answers={**carried.get("checklist_answers", {}), **said.checklist_answers},
         approved=True if carried.get("approved") is True and said.approved is None else said.approved,
-        restatement=said.restatement,
+        restatement=said.restatement if said.restatement is not None else carried.get("restatement"),
     )
 
 

@@ -345,6 +345,7 @@ async def run_call(
     approval: dict[str, Any] | None = None
     tool_attempt = intent_attempt = 0
     origin = "elicitation"
+    restated: str | None = None  # the user's latest restatement in this exchange (carried to a later question)
     taken = console.taken(name) if console is not None else None
     if taken is not None:  # the user answered in the console since the last call under this key
         if taken.state == "declined":
@@ -358,6 +359,7 @@ async def run_call(
         checklist.update(said.checklist_answers)
         approval = {"status": "active", "scope": name} if said.approved is True else None
         if said.restatement is not None:
+            restated = said.restatement
             instruction = [*instruction, {"text": said.restatement, "trust": "user", "origin": "console"}]
         origin = "console"
     for _ in range(MAX_QUESTIONS + 1):
@@ -379,7 +381,7 @@ async def run_call(
             return _result_of(outcome), outcome.status
         if ask is None and console is not None:
             try:
-                carried = Answers(answers, checklist, approval is not None)
+                carried = Answers(answers, checklist, approval is not None, restated)
                 reached = await console.ask(outcome, form, carried)
             except MCPError as exc:
                 if metrics is not None:
@@ -422,6 +424,7 @@ async def run_call(
         elif outcome.gate in ("tool_undetermined", "intent_undetermined"):
             if said.restatement is None:
                 return error_result(f"{name}: nothing was called: no restatement was given"), "declined"
+            restated = said.restatement
             instruction = [*instruction, {"text": said.restatement, "trust": "user", "origin": origin}]
             gate = state.gate if state is not None else None
             tool_attempt = getattr(gate, "next_tool_attempt", None) or tool_attempt

@@ -1,8 +1,10 @@
 """Process plumbing shared by the broker launchers.
 
-Free loopback ports, a child process whose output goes to a log file and which is always reaped, and the
-bounded wait until a Kafka-protocol listener answers a metadata request. Nothing here knows which broker
-it runs.
+Free loopback ports, a child process whose output goes to a log file and which is always reaped, the
+bounded wait until a Kafka-protocol listener answers a metadata request, the one way a broker process is
+started and waited for (`start_answering`, tried again on fresh ports by `on_fresh_ports`), and the
+``with`` block around a broker's start and stop (`StartStop`; `ProcessBroker` for a broker that is one
+process of ours). Nothing here knows which broker it runs.
 """
 
 from __future__ import annotations
@@ -15,14 +17,18 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Protocol
+from types import TracebackType
+from typing import Protocol, Self, TypeVar
 
 from aiokafka.client import AIOKafkaClient
 
 from infra.errors import BrokerStartError, BrokerStopError
+
+_T = TypeVar("_T")
 
 #: Every broker binds here and nowhere else.
 LOOPBACK = "127.0.0.1"
@@ -51,6 +57,45 @@ def track(owner: Stoppable) -> None:
 def untrack(owner: Stoppable) -> None:
     """Forget ``owner`` (it stopped)."""
     _OWNERS.discard(owner)
+
+
+class StartStop(ABC):
+    """Something started and stopped around a ``with`` block: entering starts it, leaving stops it."""
+
+    @abstractmethod
+    def start(self) -> Self:
+        """Start (a no-op when started) and return self."""
+
+    @abstractmethod
+    def stop(self) -> None:
+        """Stop, and remove what was temporary."""
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+class ProcessBroker(StartStop):
+    """A broker that is one child process of ours (`_process`, None while stopped)."""
+
+    _process: LoggedProcess | None
+
+    @property
+    def running(self) -> bool:
+        """Whether the broker process was started by us and is still alive."""
+        return self._process is not None and self._process.alive
+
+    @property
+    def pid(self) -> int | None:
+        """The broker's process id while started, else ``None``."""
+        return self._process.pid if self._process is not None else None
 
 
 def free_port() -> int:
@@ -160,13 +205,7 @@ class LoggedProcess:
                 try:
                     return self._popen.wait(timeout=timeout)
                 except subprocess.TimeoutExpired:
-                    self._signal(signal.SIGKILL)
-                    try:
-                        return self._popen.wait(timeout=_KILL_WAIT_S)
-                    except subprocess.TimeoutExpired as exc:
-                        raise BrokerStopError(
-                            f"process {self._popen.pid} survived SIGKILL for {_KILL_WAIT_S:g} s"
-                        ) from exc
+                    return self.kill()
             return self._popen.wait()
         finally:
             if self._popen.returncode is not None:
@@ -257,6 +296,51 @@ def wait_until_answering(
                     return
                 last_error = "metadata listed no broker yet"
         time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
+
+
+def start_answering(
+    argv: Sequence[str],
+    log_path: Path,
+    *,
+    port: int,
+    what: str,
+    start_timeout: float,
+    stop_timeout: float,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+) -> LoggedProcess:
+    """Start a broker process (its output appended to ``log_path``) and return it once it answers on the
+    loopback ``port`` (`wait_until_answering`, at most ``start_timeout`` s). On any failure, an
+    interruption included, the process is stopped (``stop_timeout``) before the error goes on.
+
+    :param what: the broker's name in an error (``"Tansu"``: ``"Tansu (pid 123) exited ..."``).
+    :raises BrokerStartError: when it exits or does not answer in time; carries the log tail.
+    """
+    process = LoggedProcess(argv, log_path, env=env, cwd=cwd)
+    try:
+        wait_until_answering(
+            f"{LOOPBACK}:{port}", timeout=start_timeout, what=f"{what} (pid {process.pid})", process=process
+        )
+    except BaseException:
+        process.stop(stop_timeout)
+        raise
+    return process
+
+
+def on_fresh_ports(attempts: int, launch: Callable[[], _T]) -> _T:
+    """``launch()`` (which picks its ports itself), called again, up to ``attempts`` calls in all, while it
+    fails only because a port it picked was taken in between (`address_in_use` in the error's log tail).
+
+    :raises BrokerStartError: the last attempt's, or the first that is not a port taken.
+    """
+    for attempt in range(1, attempts + 1):
+        try:
+            return launch()
+        except BrokerStartError as exc:
+            if attempt < attempts and address_in_use(exc.log_tail):
+                continue
+            raise
+    raise AssertionError("unreachable: the last attempt returns or raises")  # pragma: no cover
 
 
 def wait_for_signal() -> None:

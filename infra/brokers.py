@@ -14,7 +14,8 @@ partitions, and the Apache Kafka broker here does not create topics implicitly a
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from contextlib import asynccontextmanager
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol, Self
@@ -24,7 +25,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.client import AIOKafkaClient
 from aiokafka.protocol.metadata import MetadataRequest
 
-from infra._process import wait_until_answering
+from infra._process import StartStop, wait_until_answering
 from infra.errors import BrokerConfigError, TopicAdminError
 from preflight_settings import SettingValueError, bootstrap_address, env_var, given_settings
 
@@ -54,7 +55,7 @@ class Broker(Protocol):
     ) -> None: ...
 
 
-class ExternalBroker:
+class ExternalBroker(StartStop):
     """A broker somebody else runs: entering checks (bounded) that it answers; nothing is stopped."""
 
     def __init__(self, bootstrap_servers: str, *, timeout_s: float = 30.0) -> None:
@@ -81,17 +82,6 @@ class ExternalBroker:
 
     def stop(self) -> None:
         """Nothing to do: the broker is not ours."""
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     def __repr__(self) -> str:
         return f"ExternalBroker({self._bootstrap_servers})"
@@ -143,6 +133,29 @@ def _ready(topic: dict[str, Any]) -> bool:
     return topic["error_code"] == 0 and bool(partitions) and all(p["leader"] >= 0 for p in partitions)
 
 
+@asynccontextmanager
+async def _admin_session(
+    bootstrap: str, timeout_s: float, late: str
+) -> AsyncIterator[tuple[AIOKafkaAdminClient, AIOKafkaClient]]:
+    """An admin client and a metadata client of `bootstrap`, started; the block runs within `timeout_s` s
+    (counted from before they start) and both are closed after it.
+
+    :raises TopicAdminError: with the message `late` when the time runs out.
+    """
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000))
+    client = AIOKafkaClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000))
+    try:
+        async with asyncio.timeout(timeout_s):
+            await admin.start()
+            await client.bootstrap()
+            yield admin, client
+    except TimeoutError as exc:
+        raise TopicAdminError(late) from exc
+    finally:
+        await client.close()
+        await admin.close()
+
+
 async def create_topics(
     bootstrap: str,
     names: Iterable[str],
@@ -163,41 +176,30 @@ async def create_topics(
     wanted = list(dict.fromkeys(names))
     if not wanted:
         return
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000))
-    client = AIOKafkaClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000))
-    try:
-        async with asyncio.timeout(timeout_s):
-            await admin.start()
-            await client.bootstrap()
-            new_topics = [
-                NewTopic(name, partitions, replication_factor, topic_configs=dict(config or {})) for name in wanted
-            ]
-            response = await admin.create_topics(new_topics, timeout_ms=int(timeout_s * 1000))
-            existing: set[str] = set()
-            for result in response.to_object()["topic_errors"]:
-                code: int = result["error_code"]
-                if code == _TOPIC_ALREADY_EXISTS:
-                    existing.add(result["topic"])
-                elif code != 0:
-                    raise TopicAdminError(
-                        f"creating topic {result['topic']!r} failed: error {code} {result.get('error_message')}"
-                    )
-            while True:
-                listed = await _metadata(client)
-                for name in existing & listed.keys():
-                    count = len(listed[name]["partitions"])
-                    if count != partitions:
-                        raise TopicAdminError(
-                            f"topic {name!r} already exists with {count} partitions, not {partitions}"
-                        )
-                if all(name in listed and _ready(listed[name]) for name in wanted):
-                    return
-                await asyncio.sleep(0.1)
-    except TimeoutError as exc:
-        raise TopicAdminError(f"topics {wanted} were not ready within {timeout_s:g} s") from exc
-    finally:
-        await client.close()
-        await admin.close()
+    late = f"topics {wanted} were not ready within {timeout_s:g} s"
+    async with _admin_session(bootstrap, timeout_s, late) as (admin, client):
+        new_topics = [
+            NewTopic(name, partitions, replication_factor, topic_configs=dict(config or {})) for name in wanted
+        ]
+        response = await admin.create_topics(new_topics, timeout_ms=int(timeout_s * 1000))
+        existing: set[str] = set()
+        for result in response.to_object()["topic_errors"]:
+            code: int = result["error_code"]
+            if code == _TOPIC_ALREADY_EXISTS:
+                existing.add(result["topic"])
+            elif code != 0:
+                raise TopicAdminError(
+                    f"creating topic {result['topic']!r} failed: error {code} {result.get('error_message')}"
+                )
+        while True:
+            listed = await _metadata(client)
+            for name in existing & listed.keys():
+                count = len(listed[name]["partitions"])
+                if count != partitions:
+                    raise TopicAdminError(f"topic {name!r} already exists with {count} partitions, not {partitions}")
+            if all(name in listed and _ready(listed[name]) for name in wanted):
+                return
+            await asyncio.sleep(0.1)
 
 
 async def delete_topics(bootstrap: str, names: Iterable[str], *, timeout_s: float = 30.0) -> None:
@@ -208,26 +210,17 @@ async def delete_topics(bootstrap: str, names: Iterable[str], *, timeout_s: floa
     wanted = list(dict.fromkeys(names))
     if not wanted:
         return
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000))
-    client = AIOKafkaClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000))
-    try:
-        async with asyncio.timeout(timeout_s):
-            await admin.start()
-            await client.bootstrap()
-            response = await admin.delete_topics(wanted, timeout_ms=int(timeout_s * 1000))
-            for result in response.to_object()["topic_error_codes"]:
-                code: int = result["error_code"]
-                if code not in (0, _UNKNOWN_TOPIC_OR_PARTITION):
-                    raise TopicAdminError(f"deleting topic {result['topic']!r} failed: error {code}")
-            while True:  # deletion completes asynchronously in Kafka: poll the metadata
-                if not (await _metadata(client)).keys() & set(wanted):
-                    return
-                await asyncio.sleep(0.1)
-    except TimeoutError as exc:
-        raise TopicAdminError(f"topics {wanted} were still listed after {timeout_s:g} s") from exc
-    finally:
-        await client.close()
-        await admin.close()
+    late = f"topics {wanted} were still listed after {timeout_s:g} s"
+    async with _admin_session(bootstrap, timeout_s, late) as (admin, client):
+        response = await admin.delete_topics(wanted, timeout_ms=int(timeout_s * 1000))
+        for result in response.to_object()["topic_error_codes"]:
+            code: int = result["error_code"]
+            if code not in (0, _UNKNOWN_TOPIC_OR_PARTITION):
+                raise TopicAdminError(f"deleting topic {result['topic']!r} failed: error {code}")
+        while True:  # deletion completes asynchronously in Kafka: poll the metadata
+            if not (await _metadata(client)).keys() & set(wanted):
+                return
+            await asyncio.sleep(0.1)
 
 
 async def publish_messages(

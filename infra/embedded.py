@@ -17,20 +17,20 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
-from types import TracebackType
 from typing import Self
 
 from infra._process import (
     LOOPBACK,
     LoggedProcess,
-    address_in_use,
+    ProcessBroker,
     free_port,
+    on_fresh_ports,
+    start_answering,
     track,
     untrack,
     wait_for_signal,
-    wait_until_answering,
 )
-from infra.errors import BrokerStartError, BrokerStateError, ToolNotFoundError
+from infra.errors import BrokerStateError, ToolNotFoundError
 
 #: Tansu reads these from the environment when a flag is absent; the child never inherits them.
 _TANSU_ENV = (
@@ -81,7 +81,7 @@ def tansu_command(binary: str, port: int, cluster_id: str = "preflight") -> list
     ]
 
 
-class EmbeddedBroker:
+class EmbeddedBroker(ProcessBroker):
     """A Tansu broker on a loopback port, memory storage, for the life of this object's start/stop.
 
     Use as ``with EmbeddedBroker() as broker: ... broker.bootstrap_servers``, or call :meth:`start`
@@ -109,11 +109,6 @@ class EmbeddedBroker:
         self._owns_workdir = False
 
     @property
-    def running(self) -> bool:
-        """Whether the broker process was started by us and is still alive."""
-        return self._process is not None and self._process.alive
-
-    @property
     def bootstrap_servers(self) -> str:
         """``"127.0.0.1:PORT"`` of the running broker.
 
@@ -122,11 +117,6 @@ class EmbeddedBroker:
         if self._process is None or self._port is None:
             raise BrokerStateError("the embedded broker is not started")
         return f"{LOOPBACK}:{self._port}"
-
-    @property
-    def pid(self) -> int | None:
-        """The broker's process id while started, else ``None``."""
-        return self._process.pid if self._process is not None else None
 
     @property
     def log_path(self) -> Path | None:
@@ -149,33 +139,28 @@ class EmbeddedBroker:
             workdir, self._owns_workdir = Path(tempfile.mkdtemp(prefix="preflight-tansu-")), True
         self._workdir = workdir
         env = {key: value for key, value in os.environ.items() if key not in _TANSU_ENV}
+
+        def launch() -> tuple[LoggedProcess, int]:
+            port = self._requested_port or free_port()
+            process = start_answering(
+                tansu_command(binary, port),
+                workdir / "tansu.log",
+                port=port,
+                what="Tansu",
+                start_timeout=self._start_timeout,
+                stop_timeout=self._stop_timeout,
+                env=env,
+            )
+            return process, port
+
         attempts = 1 if self._requested_port is not None else _PORT_ATTEMPTS
         try:
-            for attempt in range(1, attempts + 1):
-                port = self._requested_port or free_port()
-                process = LoggedProcess(tansu_command(binary, port), workdir / "tansu.log", env=env)
-                try:
-                    wait_until_answering(
-                        f"{LOOPBACK}:{port}",
-                        timeout=self._start_timeout,
-                        what=f"Tansu (pid {process.pid})",
-                        process=process,
-                    )
-                except BrokerStartError as exc:
-                    process.stop(self._stop_timeout)
-                    if attempt < attempts and address_in_use(exc.log_tail):
-                        continue
-                    raise
-                except BaseException:
-                    process.stop(self._stop_timeout)
-                    raise
-                self._process, self._port = process, port
-                track(self)
-                return self
+            self._process, self._port = on_fresh_ports(attempts, launch)
         except BaseException:
             self._remove_workdir()
             raise
-        raise AssertionError("unreachable: the last attempt returns or raises")  # pragma: no cover
+        track(self)
+        return self
 
     def stop(self) -> None:
         """Stop the broker (SIGTERM, then SIGKILL after ``stop_timeout``), reap it, drop its temp dir."""
@@ -191,17 +176,6 @@ class EmbeddedBroker:
         if self._workdir is not None and self._owns_workdir:
             shutil.rmtree(self._workdir, ignore_errors=True)
         self._workdir = None
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     def __repr__(self) -> str:
         where = f"{LOOPBACK}:{self._port}" if self._port is not None else "stopped"

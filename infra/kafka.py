@@ -24,19 +24,20 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import Self
 
 from infra._process import (
     LOOPBACK,
     LoggedProcess,
-    address_in_use,
+    ProcessBroker,
+    StartStop,
     free_port,
     log_tail,
+    on_fresh_ports,
+    start_answering,
     track,
     untrack,
     wait_for_signal,
-    wait_until_answering,
 )
 from infra.errors import (
     BrokerStartError,
@@ -218,7 +219,7 @@ def server_properties(
     return "\n".join(lines) + "\n"
 
 
-class ApacheKafkaBroker:
+class ApacheKafkaBroker(ProcessBroker):
     """An Apache Kafka KRaft node on two loopback ports (clients, controller), data in ``data_dir``.
 
     ``data_dir`` holds ``server.properties``, ``log4j2.xml``, the partition logs (``kraft/``) and the
@@ -251,11 +252,6 @@ class ApacheKafkaBroker:
         self._process: LoggedProcess | None = None
 
     @property
-    def running(self) -> bool:
-        """Whether the broker process was started by us and is still alive."""
-        return self._process is not None and self._process.alive
-
-    @property
     def bootstrap_servers(self) -> str:
         """``"127.0.0.1:PORT"`` of the broker's client listener.
 
@@ -274,11 +270,6 @@ class ApacheKafkaBroker:
         if self._ports is None:
             raise BrokerStateError("the Apache Kafka broker has no port yet")
         return self._ports[0]
-
-    @property
-    def pid(self) -> int | None:
-        """The JVM's process id while started, else ``None``."""
-        return self._process.pid if self._process is not None else None
 
     @property
     def data_dir(self) -> Path | None:
@@ -309,24 +300,21 @@ class ApacheKafkaBroker:
                 self._data_dir = self._given_data_dir.resolve()
             else:
                 self._data_dir = Path(tempfile.mkdtemp(prefix="preflight-kafka-"))
+
+        def launch() -> tuple[int, int]:
+            ports = (free_port(), free_port())
+            self._launch(java, lib_dir, ports)
+            return ports
+
         try:
             if self._ports is not None:  # a restart: the same ports, or the clients' address changes
                 self._launch(java, lib_dir, self._ports)
-                return self
-            for attempt in range(1, _PORT_ATTEMPTS + 1):
-                ports = (free_port(), free_port())
-                try:
-                    self._launch(java, lib_dir, ports)
-                except BrokerStartError as exc:
-                    if attempt < _PORT_ATTEMPTS and address_in_use(exc.log_tail):
-                        continue
-                    raise
-                self._ports = ports
-                return self
+            else:
+                self._ports = on_fresh_ports(_PORT_ATTEMPTS, launch)
         except BaseException:
             self._forget_data_dir()
             raise
-        raise AssertionError("unreachable: the last attempt returns or raises")  # pragma: no cover
+        return self
 
     def _launch(self, java: str, lib_dir: Path, ports: tuple[int, int]) -> None:
         assert self._data_dir is not None
@@ -351,18 +339,15 @@ class ApacheKafkaBroker:
             "kafka.Kafka",
             str(properties),
         ]
-        process = LoggedProcess(command, data_dir / "server.log", cwd=data_dir)
-        try:
-            wait_until_answering(
-                f"{LOOPBACK}:{ports[0]}",
-                timeout=self._start_timeout,
-                what=f"Apache Kafka (pid {process.pid})",
-                process=process,
-            )
-        except BaseException:
-            process.stop(self._stop_timeout)
-            raise
-        self._process = process
+        self._process = start_answering(
+            command,
+            data_dir / "server.log",
+            port=ports[0],
+            what="Apache Kafka",
+            start_timeout=self._start_timeout,
+            stop_timeout=self._stop_timeout,
+            cwd=data_dir,
+        )
         track(self)
 
     def _format(self, java_command: list[str], properties: Path) -> None:
@@ -438,23 +423,12 @@ class ApacheKafkaBroker:
             shutil.rmtree(self._data_dir, ignore_errors=True)
         self._data_dir = None
 
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
     def __repr__(self) -> str:
         where = f"{LOOPBACK}:{self._ports[0]}" if self._ports is not None else "stopped"
         return f"ApacheKafkaBroker({where})"
 
 
-class KafkaCluster:
+class KafkaCluster(StartStop):
     """``size`` Apache Kafka KRaft nodes on loopback, each a broker and a controller, forming one cluster:
     topics replicated ``replication_factor`` times by default, ``min_insync_replicas`` for an `acks=all`
     write. Nodes start together (a quorum needs a majority of its controllers up before any node answers)
@@ -537,17 +511,6 @@ class KafkaCluster:
             if self._temporary is not None:
                 shutil.rmtree(self._temporary, ignore_errors=True)
                 self._temporary = None
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
 
 def main(argv: list[str] | None = None) -> int:

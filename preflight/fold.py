@@ -50,8 +50,13 @@ from preflight.verdict import Problem, event_problem, run_problem
 
 #: Runs a key remembers (with their event ids): the runs still awaiting an outcome, and enough of the
 #: past to recognise a retried run, a second outcome or a reused event id. A run takes the slot
-#: ``runs_seen % RECENT_RUNS_PER_KEY``, evicting the run that held it.
+#: ``runs_seen % RECENT_RUNS_PER_KEY``, evicting the run that held it -- never a run still awaiting its
+#: outcome (or its read-back): then the next slot whose run does not await one (`_slot_for`).
 RECENT_RUNS_PER_KEY = 64
+#: The most runs one key holds awaiting their outcomes (reads in flight share the unkeyed key): beyond the
+#: recent slots, a run takes a slot past them. A run that would be one more is an anomaly
+#: (``too_many_awaiting``), never an eviction that would lose an awaited outcome.
+AWAITING_PER_KEY = 1024
 DECISIONS = ("execute", "ask_user", "hold", "deferred")
 #: A state's parts, each stored on its own (`stored_parts`, `restore_part`): the core (offsets, counts),
 #: the baseline, and one part per run slot (``r<slot>``).
@@ -311,13 +316,32 @@ def _apply_run(state: dict[str, Any], run_id: str, events: Sequence[Mapping[str,
     }
     if decision == "execute":  # what the outcome is checked against, and its record rebuilt from
         entry["events"] = [dict(e) for e in events]
+    slot = _slot_for(state)
+    if slot is None:
+        reason = f"run {run_id}: its key already has {AWAITING_PER_KEY} runs awaiting their outcomes"
+        return _anomaly(state, reason, "too_many_awaiting")
     state = _working_copy(state)
-    slot = state["runs_seen"] % RECENT_RUNS_PER_KEY
     _store(state, slot, entry)
     state["runs_seen"] += 1
     state["counts"]["runs"] += 1
     state["counts"][decision] += 1
     return Folded(state, "applied", slot=slot)
+
+
+def _slot_for(state: Mapping[str, Any]) -> int | None:
+    """The slot a new run takes: ``runs_seen % RECENT_RUNS_PER_KEY`` unless its run awaits an outcome (it
+    keeps its events until then), else the next in turn that does not, else the first past the recent slots
+    that does not (None: `AWAITING_PER_KEY` runs await theirs)."""
+    runs = state["runs"]
+    start: int = state["runs_seen"] % RECENT_RUNS_PER_KEY
+    for step in range(RECENT_RUNS_PER_KEY):
+        slot = (start + step) % RECENT_RUNS_PER_KEY
+        if "events" not in runs.get(slot, ()):
+            return slot
+    for slot in range(RECENT_RUNS_PER_KEY, AWAITING_PER_KEY):
+        if "events" not in runs.get(slot, ()):
+            return slot
+    return None
 
 
 def _reused_event_id(state: Mapping[str, Any], events: Sequence[Mapping[str, Any]]) -> str | None:

@@ -1,10 +1,18 @@
-"""In-memory adapters for the engine's ports: for tests, demos and single-process use."""
+"""In-memory adapters for the engine's ports: for tests, demos and single-process use.
+
+Also `rechained`: a copy of recorded runs made new (fresh ids, the chain recomputed), for loads and tests
+that need many distinct, hash-valid runs.
+"""
 
 from __future__ import annotations
 
+import json
 import os
-from collections.abc import Sequence
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
 
+from preflight.chain import GENESIS_HASH, content_hash
 from preflight.events import PreflightEvent, encode_event
 from preflight.protect import SubjectKey, UnknownKey, ValueErased, make_kid, parse_kid, subject_handle
 from preflight.records import ExecutionRecord
@@ -101,3 +109,31 @@ class MemoryKeyStore:
         kid = make_kid(handle, generation)
         self._erased.add(kid)
         return [kid]
+
+
+def rechained(
+    messages: list[list[dict[str, Any]]], replace: Mapping[str, str] | None = None
+) -> list[list[dict[str, Any]]]:
+    """A copy of a run's messages (lists of event bodies, its tail included) with every text in `replace`
+    replaced (a user, an agent), fresh run, decision and event ids, and its chain recomputed: each event's
+    `prev_hash` and `hash`, and the close's `last_hash`."""
+    text = json.dumps(messages)
+    for old, new in (replace or {}).items():
+        text = text.replace(old, new)
+    old_ids = {e["run_id"] for m in messages for e in m} | {
+        e["decision_id"] for m in messages for e in m if e.get("decision_id")
+    }
+    for old in old_ids:
+        text = text.replace(old, str(uuid.uuid4()))
+    copied: list[list[dict[str, Any]]] = json.loads(text)
+    prev = GENESIS_HASH
+    for message in copied:
+        for event in message:
+            event["event_id"] = str(uuid.uuid4())
+            event["prev_hash"] = prev
+            if event["event_type"] == "run_closed":
+                event["last_hash"] = prev
+            event.pop("hash")
+            event["hash"] = content_hash(prev, event)
+            prev = event["hash"]
+    return copied

@@ -16,10 +16,11 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import duckdb
-from prometheus_client import CollectorRegistry, Histogram, PlatformCollector, ProcessCollector
+from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from preflight.adapters.ops import process_registry, seconds_gauge
 from projections.store import sql
 
 #: Seconds from a message's Kafka timestamp (the publisher's clock) to the COMMIT that made its rows
@@ -163,13 +164,11 @@ class ProjectorCollector(Collector):
             "starts of this projection on this database, this one included",
             value=float(f.starts),
         )
-        recovery = GaugeMetricFamily(
+        yield seconds_gauge(
             "preflight_projector_recovery_seconds",
             "from the start to ready: the backlog the log held at start projected",
+            f.recovery_seconds,
         )
-        if f.recovery_seconds is not None:
-            recovery.add_metric([], f.recovery_seconds)
-        yield recovery
         yield from self._histogram.collect()
 
 
@@ -177,8 +176,4 @@ def projector_registry(
     cursor: duckdb.DuckDBPyConnection, figures: Callable[[], ProcessFigures], histogram: Histogram
 ) -> CollectorRegistry:
     """A registry of the projector's metrics and the process's standard ones (not the global registry)."""
-    registry = CollectorRegistry(auto_describe=False)  # a scrape reads the database: never at registration
-    ProcessCollector(registry=registry)
-    PlatformCollector(registry=registry)
-    registry.register(ProjectorCollector(cursor, figures, histogram))
-    return registry
+    return process_registry(ProjectorCollector(cursor, figures, histogram))  # a scrape reads the database

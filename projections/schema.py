@@ -36,8 +36,8 @@ _HEADER = """\
 """
 
 
-def _top_level_commas(text: str) -> Iterator[int]:
-    """Positions of the commas of `text` outside parentheses, brackets and quotes."""
+def _at_depth_zero(text: str) -> Iterator[int]:
+    """Positions in `text` outside parentheses, brackets and quotes (and not of one of those marks)."""
     depth, quote = 0, ""
     for i, char in enumerate(text):
         if quote:
@@ -49,8 +49,13 @@ def _top_level_commas(text: str) -> Iterator[int]:
             depth += 1
         elif char in ")]":
             depth -= 1
-        elif char == "," and depth == 0:
+        elif depth == 0:
             yield i
+
+
+def _top_level_commas(text: str) -> Iterator[int]:
+    """Positions of the commas of `text` outside parentheses, brackets and quotes."""
+    return (i for i in _at_depth_zero(text) if text[i] == ",")
 
 
 def _split(text: str) -> list[str]:
@@ -81,20 +86,7 @@ def _view(sql: str) -> str:
 
 
 def _keyword_at_depth_zero(text: str, keyword: str) -> int:
-    depth, quote = 0, ""
-    for i, char in enumerate(text):
-        if quote:
-            if char == quote:
-                quote = ""
-        elif char in "'\"":
-            quote = char
-        elif char in "([":
-            depth += 1
-        elif char in ")]":
-            depth -= 1
-        elif depth == 0 and text.startswith(keyword, i):
-            return i
-    return -1
+    return next((i for i in _at_depth_zero(text) if text.startswith(keyword, i)), -1)
 
 
 def render_schema(con: duckdb.DuckDBPyConnection) -> str:

@@ -18,10 +18,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from preflight.adapters.ops import process_registry, seconds_gauge
 from preflight.fold import DECISIONS
 from streams.batch import Progress
 
@@ -204,19 +205,13 @@ class WorkerCollector(Collector):
             "since the process started: partition assignments received",
             value=float(f.rebalances),
         )
-        recovery = GaugeMetricFamily(
+        yield seconds_gauge(
             "preflight_worker_recovery_seconds",
             "from the process's start (or the last rebalance) to ready: table restored and partitions caught up",
+            f.recovery_seconds,
         )
-        if f.recovery_seconds is not None:
-            recovery.add_metric([], f.recovery_seconds)
-        yield recovery
 
 
 def worker_registry(figures: Callable[[], WorkerFigures]) -> CollectorRegistry:
     """A registry of the worker's metrics and the process's standard ones (not the global registry)."""
-    registry = CollectorRegistry(auto_describe=False)  # a scrape reads the worker: never at registration
-    ProcessCollector(registry=registry)
-    PlatformCollector(registry=registry)
-    registry.register(WorkerCollector(figures))
-    return registry
+    return process_registry(WorkerCollector(figures))  # a scrape reads the worker

@@ -8,9 +8,7 @@ gateway asked.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -18,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import pytest
 from mcp import ClientSession
 from mcp.client.session import ClientRequestContext
 from mcp.shared.memory import create_client_server_memory_streams
@@ -31,15 +28,6 @@ from preflight import MemoryEventSink, MemoryStorage, create_preflight
 from preflight.adapters.mcp import call_hooks
 from preflight.api import Preflight
 from preflight.ports import EventSink, Storage
-
-#: On the Apache Kafka tier, a gateway started by an outside client publishes its events (its calls answer),
-#: but this test's reader never finds the topic in the cluster's metadata within a minute: an open defect,
-#: reported and not yet understood. The same tests run on the embedded broker in `make test`.
-KAFKA_READ_BACK_GAP = pytest.mark.skipif(
-    os.environ.get("PREFLIGHT_BROKER") == "kafka",
-    reason="open defect: on Apache Kafka the events a gateway in another process published are not found"
-    " by the test's reader (the embedded tier runs this test)",
-)
 
 
 def toml_value(value: Any) -> str:
@@ -138,25 +126,13 @@ async def client_of(
 
 async def events_on(bootstrap: str, topic: str) -> list[Any]:
     """Every event on `topic` so far, each partition read to its end (a gateway in another process published
-    them: this is what the deployment's worker and projector would read)."""
-    from aiokafka import AIOKafkaConsumer, TopicPartition
+    them: this is what the deployment's worker and projector would read).
 
+    The partitions come from a metadata request for all topics (`tests.reliability.harness.read_topic`), not
+    from a consumer's own metadata: Apache Kafka answers a client's start-up metadata request with no topics
+    (Tansu with every topic), so a consumer that was never assigned the topic does not know its partitions.
+    """
     from preflight.events import decode_event, decode_message
+    from tests.reliability.harness import read_topic
 
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None)
-    await consumer.start()
-    try:
-        await consumer.topics()  # the cluster's metadata, this topic's partitions with it
-        partitions = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
-        consumer.assign(partitions)
-        ends = await consumer.end_offsets(partitions)
-        await consumer.seek_to_beginning(*partitions)
-        events: list[Any] = []
-        async with asyncio.timeout(60):
-            while [p for p in partitions if await consumer.position(p) < ends[p]]:
-                batches = await consumer.getmany(*partitions, timeout_ms=1_000)
-                for messages in batches.values():
-                    events += [decode_event(raw) for m in messages for raw in decode_message(m.value)]
-        return events
-    finally:
-        await consumer.stop()
+    return [decode_event(raw) for m in await read_topic(bootstrap, topic, None) for raw in decode_message(m.value)]

@@ -8,6 +8,7 @@ import os
 from datetime import UTC, datetime
 from pathlib import Path
 
+from preflight.adapters._files import write_new_private
 from preflight.chain import canonical_json
 from preflight.errors import KeyStoreError, UnknownKey, ValueErased
 from preflight.keys import KEY_BYTES as _KEY_BYTES
@@ -133,12 +134,7 @@ class FileKeyStore:
         content = bytearray(self._MAGIC + generation.to_bytes(4, "big") + os.urandom(_KEY_BYTES))
         linked = False
         try:
-            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            try:
-                os.write(fd, content)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            write_new_private(temporary, content)
             try:
                 os.link(temporary, final)  # fails if another process created the key first: use that one
                 linked = True
@@ -172,12 +168,7 @@ class FileKeyStore:
         path = self._path(handle, ".erased")
         temporary = self._path(handle, f".{os.urandom(8).hex()}.tmp")
         try:
-            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            try:
-                os.write(fd, canonical_json({"erased": entries}))
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            write_new_private(temporary, canonical_json({"erased": entries}))
             os.replace(temporary, path)
             self._sync_directory()
         except OSError as exc:

@@ -15,6 +15,10 @@ Also the publish-acknowledgement histogram of `preflight.adapters.kafka.KafkaEve
 (``preflight_publish_ack_seconds``), registered in `prometheus_client`'s default registry when the library
 is installed, as client libraries do: a process that embeds the sink exposes it with the rest of its
 metrics (`OpsServer(..., registry=prometheus_client.REGISTRY)` or its own exporter).
+
+And what the projector's and the worker's metrics share: `process_registry` (a process's own collector
+beside the standard ``process_*`` and ``python_*`` metrics) and `seconds_gauge` (a figure known only
+once it is measured, such as the recovery time).
 """
 
 from __future__ import annotations
@@ -27,10 +31,17 @@ from socketserver import ThreadingMixIn
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CONTENT_TYPE_LATEST, Histogram, generate_latest
-from prometheus_client.registry import CollectorRegistry
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector, CollectorRegistry
 
-__all__ = ["PUBLISH_ACK_SECONDS", "OpsServer", "Readiness"]
+__all__ = ["PUBLISH_ACK_SECONDS", "OpsServer", "Readiness", "process_registry", "seconds_gauge"]
 
 #: `readiness()` -> (ready, the reason when not).
 Readiness = Callable[[], tuple[bool, str]]
@@ -43,6 +54,24 @@ PUBLISH_ACK_SECONDS = Histogram(
     ["topic", "outcome"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
 )
+
+
+def process_registry(collector: Collector) -> CollectorRegistry:
+    """A registry (not the global one) of `collector` and the process's standard ``process_*`` and
+    ``python_*`` metrics. `collector` is never called at registration: only a scrape reads what it reads."""
+    registry = CollectorRegistry(auto_describe=False)
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    registry.register(collector)
+    return registry
+
+
+def seconds_gauge(name: str, doc: str, seconds: float | None) -> GaugeMetricFamily:
+    """An unlabelled gauge of `seconds`, with no sample while it is None (not measured yet)."""
+    family = GaugeMetricFamily(name, doc)
+    if seconds is not None:
+        family.add_metric([], seconds)
+    return family
 
 
 class _Server(ThreadingMixIn, WSGIServer):

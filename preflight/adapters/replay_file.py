@@ -26,6 +26,7 @@ import secrets
 from datetime import datetime
 from pathlib import Path
 
+from preflight.adapters._files import write_new_private
 from preflight.errors import PreflightError
 from preflight.replay import DecisionClaim, refused
 from preflight.signing import format_time, parse_time
@@ -67,12 +68,7 @@ class FileReplayStore:
         record = json.dumps({**claim.as_json(), "claimed_at": _now()}, sort_keys=True).encode()
         temporary = self.directory / f".{secrets.token_hex(12)}.tmp"
         try:
-            descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            try:
-                os.write(descriptor, record)
-                os.fsync(descriptor)
-            finally:
-                os.close(descriptor)
+            write_new_private(temporary, record)
             try:
                 os.link(temporary, final)
             except FileExistsError:

@@ -38,6 +38,7 @@ from aiokafka.protocol.admin import DescribeGroupsRequest
 from aiokafka.protocol.group import LeaveGroupRequest
 
 from infra.brokers import ENV_VAR
+from infra.kafka import ApacheKafkaBroker
 from preflight import MemoryStorage, Preflight, PreflightEvent, RecordingError, create_preflight, decode_event
 from preflight import scenario as sc
 from preflight.adapters.kafka import KafkaEventSink
@@ -88,6 +89,21 @@ def fault_rng() -> tuple[random.Random, int]:
 
 def broker_kind() -> str:
     return os.environ.get(ENV_VAR, "").strip().lower() or "embedded"
+
+
+async def restart_mid_stream(
+    broker: ApacheKafkaBroker, ledger: Ledger, rng: random.Random, *, hard: bool
+) -> tuple[int, float]:
+    """The fault of the broker-restart tests, while a stream is being published: at a random point of it the
+    broker is halted (`hard`: SIGKILLed), kept down a random 1-3 s, and started again (a bounded start).
+    Returns how many publishes the ledger held when the broker was halted, and the seconds it was down."""
+    await asyncio.sleep(rng.uniform(0.2, 1.0))  # the fault: a random point of the stream
+    stopped_at = len(ledger.attempts)
+    await asyncio.to_thread(broker.halt, hard=hard)
+    down_s = rng.uniform(1.0, 3.0)
+    await asyncio.sleep(down_s)  # the fault: how long the broker stays down
+    await asyncio.to_thread(broker.start)
+    return stopped_at, down_s
 
 
 # ---- the published side: agents running the real engine -------------------------------------------------

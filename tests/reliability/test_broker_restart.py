@@ -36,6 +36,7 @@ from tests.reliability.harness import (
     fault_rng,
     project_to_end,
     report,
+    restart_mid_stream,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.reliability]
@@ -68,12 +69,7 @@ async def test_a_broker_restart_mid_stream_loses_no_acknowledged_event(
         await sink.start()
 
         publishing = asyncio.create_task(agents.publish(source.take(RUNS_BEFORE), pace_s=PACE_S))
-        await asyncio.sleep(rng.uniform(0.2, 1.0))  # the fault: a random point of the stream
-        stopped_at = len(ledger.attempts)
-        await asyncio.to_thread(broker.halt, hard=hard)
-        down_s = rng.uniform(1.0, 3.0)
-        await asyncio.sleep(down_s)  # the fault: how long the broker stays down
-        await asyncio.to_thread(broker.start)
+        stopped_at, down_s = await restart_mid_stream(broker, ledger, rng, hard=hard)
         back_at = len(ledger.attempts)
         await publishing
         after = len(ledger.attempts)

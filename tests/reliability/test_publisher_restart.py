@@ -53,6 +53,7 @@ from tests.reliability.harness import (
     fault_rng,
     read_topic,
     report,
+    restart_mid_stream,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.reliability]
@@ -77,12 +78,7 @@ async def test_the_sink_survives_a_broker_restart(
     await sink.start()
     try:
         publishing = asyncio.create_task(agents.publish(source.take(RUNS_BEFORE), pace_s=PACE_S))
-        await asyncio.sleep(rng.uniform(0.2, 1.0))  # the fault: a random point of the stream
-        stopped_at = len(ledger.attempts)
-        await asyncio.to_thread(broker.halt, hard=hard)
-        down_s = rng.uniform(1.0, 3.0)
-        await asyncio.sleep(down_s)  # the fault: how long the broker stays down
-        await asyncio.to_thread(broker.start)
+        stopped_at, down_s = await restart_mid_stream(broker, ledger, rng, hard=hard)
         back = time.monotonic()
         back_at = len(ledger.attempts)
         await publishing

@@ -7,40 +7,17 @@ from __future__ import annotations
 
 import asyncio
 import json
-import uuid
 from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from preflight.chain import content_hash
 from preflight.fold import RECENT_RUNS_PER_KEY, baseline_json, restore_part
+from preflight.testing import rechained
 from streams.batch import Incoming, Missing, Progress, fold_partition, progress_key, restore_record
 from tests.unit.test_fold import KEY, history
 
 TOPIC = "events"
-
-
-def rechained(messages: list[list[dict[str, Any]]]) -> list[list[dict[str, Any]]]:
-    """A copy of a run (and its tail) with fresh run, decision and event ids, its chain recomputed."""
-    text = json.dumps(messages)
-    old_ids = {e["run_id"] for m in messages for e in m} | {
-        e["decision_id"] for m in messages for e in m if e.get("decision_id")
-    }
-    for old in old_ids:
-        text = text.replace(old, str(uuid.uuid4()))
-    copied: list[list[dict[str, Any]]] = json.loads(text)
-    prev = "0" * 64
-    for message in copied:
-        for event in message:
-            event["event_id"] = str(uuid.uuid4())
-            event["prev_hash"] = prev
-            if event["event_type"] == "run_closed":
-                event["last_hash"] = prev
-            event.pop("hash")
-            event["hash"] = content_hash(prev, event)
-            prev = event["hash"]
-    return copied
 
 
 def stream(runs: int) -> list[bytes]:

@@ -68,6 +68,12 @@ async def call(session: Any, name: str) -> Any:
     return await session.call_tool(name, {}, meta=cast(RequestParamsMeta, {}))
 
 
+async def unknown_effect(session: Any, name: str) -> None:
+    """Call `name`, whose call fails after it may have acted: the answer is an error, the effect unknown."""
+    first = await call(session, name)
+    assert first.is_error is True and "the effect of the call is unknown" in result_text(first)
+
+
 class TestEffectUnknown:
     async def test_killed_mid_call_after_acting_is_unknown_then_reads_back_as_taken(
         self, tmp_path: Path, git_repository: Path, git_params: StdioServerParameters
@@ -75,8 +81,7 @@ class TestEffectUnknown:
         path = settings(tmp_path, git_params, git_repository)
         sink = RecordingSink()
         async with running_gateway(path, engine(sink)) as gw, client_of(gw) as session:
-            first = await call(session, "branch_then_crash")
-            assert first.is_error is True and "the effect of the call is unknown" in result_text(first)
+            await unknown_effect(session, "branch_then_crash")
             assert "feature-y" in branches(git_repository)  # it acted, and never said so
             path.write_text(path.read_text() + READBACK.format(tool="branch_then_crash"))
             settled = await call(session, "branch_then_crash")
@@ -122,8 +127,7 @@ class TestEffectUnknown:
         path = settings(tmp_path, git_params, git_repository)
         sink = RecordingSink()
         async with running_gateway(path, engine(sink)) as gw, client_of(gw) as session:
-            first = await call(session, "branch_hang")
-            assert first.is_error is True and "the effect of the call is unknown" in result_text(first)
+            await unknown_effect(session, "branch_hang")
             held = await call(session, "branch_hang")  # no read-back configured: the key holds
             assert held.is_error is True and "timed_out_without_readback" in result_text(held)
             assert "effect is unknown" in result_text(held)

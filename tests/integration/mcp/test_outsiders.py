@@ -3,7 +3,9 @@
 elicitation capability, in front of real upstreams (`mcp-server-git`, `mcp-server-time`).
 
 The outsiders start ``preflight-audit gateway`` themselves, over stdio, as a desktop client would; it publishes
-to the session's broker on a fresh topic, which the tests read back.
+to the session's broker on a fresh topic, which the tests read back. Where the Inspector cannot be asked, the
+questions go to the console (served here on a loopback port) and a person answers them in Debian's headless
+Chromium (`tests.integration.mcp.test_gateway_console`).
 """
 
 from __future__ import annotations
@@ -20,11 +22,12 @@ from typing import Any
 import pytest
 from mcp import StdioServerParameters
 
+import queries
 from infra.brokers import Broker
 from preflight import MemoryEventSink
 from preflight.adapters.mcp import result_text
+from projections import Projector, log_end_offsets, open_database
 from tests.gateway_support import (
-    KAFKA_READ_BACK_GAP,
     Scripted,
     client_of,
     engine,
@@ -33,6 +36,7 @@ from tests.gateway_support import (
     stdio_entry,
     write_settings,
 )
+from tests.integration.mcp.test_gateway_console import ALICE, ALICE_TOKEN, Person, browser_needed, served_console
 from tests.mcp_servers import NODE_BIN
 
 pytestmark = pytest.mark.integration
@@ -101,7 +105,6 @@ def text_of(answer: dict[str, Any]) -> str:
     return " ".join(str(c.get("text", "")) for c in answer.get("content", []))
 
 
-@KAFKA_READ_BACK_GAP
 class TestTheInspectorCli:
     async def test_reads_pass_with_no_meta_and_undeclared_or_unapproved_calls_are_refused_by_name(
         self,
@@ -148,7 +151,6 @@ class TestTheInspectorCli:
         assert len(executed) == 1 and executed[0].action_key is None  # the read: unkeyed, never a baseline
 
 
-@KAFKA_READ_BACK_GAP
 class TestTheOpenAiAgentsSdk:
     async def test_its_mcp_server_lists_the_tools_and_makes_a_call(
         self, broker: Broker, topic_name: str, tmp_path: Path, time_params: StdioServerParameters
@@ -214,3 +216,63 @@ class TestTheNpmFilesystemServer:
         assert read.is_error is False and "beta" in result_text(read)
         assert write.is_error is True and "nothing was called" in result_text(write)
         assert not (folder / "new.txt").exists()
+
+
+class TestTheInspectorCliThroughTheConsole:
+    async def test_a_write_gets_the_link_the_page_answered_in_chromium_lets_the_retried_call_execute(
+        self,
+        broker: Broker,
+        topic_name: str,
+        tmp_path: Path,
+        git_params: StdioServerParameters,
+        git_repository: Path,
+    ) -> None:
+        """The Inspector sends no words and cannot be asked: each refused call carries the console page's link;
+        the person answers it in Chromium (what to do, then the values, then the approval, each asked once:
+        what was said in an earlier page is carried), and the call made again executes. The deployment's
+        projector then has `provenance` say the user answered in the console."""
+        person = Person(browser_needed(), ALICE_TOKEN)
+        says = {
+            "restatement": "create a branch",
+            "repo_path": str(git_repository),
+            "branch_name": "from-the-inspector",
+            "approve": "yes",
+        }
+        write = ["--method", "tools/call", "--tool-name", "git_create_branch", "--tool-arg"]
+        write += [f"repo_path={git_repository}", "branch_name=from-the-inspector"]
+        asked: list[list[str]] = []
+        with served_console(tmp_path, tmp_path / "questions.sqlite") as console:
+            settings = git_settings(tmp_path, git_params)
+            text = settings.read_text().replace("[gateway]\n", f'[gateway]\nconsole_url = "{console.base}"\n', 1)
+            settings.write_text(text)  # the questions store: the settings' default file, next to them
+            env = deployment(broker, topic_name, tmp_path)
+            for _ in range(3):
+                refused = await inspect(env, settings, tmp_path, *write)
+                assert refused["isError"] is True and "call git_create_branch again" in text_of(refused)
+                assert not has_branch(git_repository, "from-the-inspector")
+                link = console.link_in(text_of(refused))
+                (question,) = console.store.pending_for(ALICE)
+                assert link.endswith("/" + question.question_id)
+                fields = list(question.form["properties"])
+                asked.append(sorted(fields))
+                status, _ = await asyncio.to_thread(person.answer, link, {name: says[name] for name in fields})
+                assert status == 303  # answered: the page sends the person back to the list
+            done = await inspect(env, settings, tmp_path, *write)
+        assert asked == [["restatement"], ["branch_name", "repo_path"], ["approve"]]
+        assert done.get("isError") is not True, text_of(done)
+        assert "Created branch 'from-the-inspector'" in text_of(done)
+        assert has_branch(git_repository, "from-the-inspector")
+
+        events = await events_on(broker.bootstrap_servers, topic_name)
+        (executed,) = [e for e in events if e.event_type == "executed"]
+        db = tmp_path / "audit.duckdb"
+        ends = await log_end_offsets(broker.bootstrap_servers, topic_name, [0])
+        async with Projector(db, broker.bootstrap_servers, topic_name, kafka_commit_interval_s=None) as projector:
+            await projector.run_until(ends, timeout_s=120)
+        con = open_database(db)
+        try:
+            rows = queries.run(con, "provenance", action_key=executed.action_key).dicts()
+        finally:
+            con.close()
+        supplied = {r["field"]: r["supplied_by_detail"] for r in rows if r["outcome"] == "executed"}
+        assert supplied == {f: "the user, answering in the console" for f in ("repo_path", "branch_name")}

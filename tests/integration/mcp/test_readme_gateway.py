@@ -18,7 +18,7 @@ from mcp.types import Implementation
 from gateway.settings import parse_config
 from infra.brokers import Broker
 from preflight.adapters.mcp import result_text
-from tests.gateway_support import KAFKA_READ_BACK_GAP, Scripted, events_on
+from tests.gateway_support import Scripted, events_on
 from tests.mcp_servers import mcp_session
 
 pytestmark = pytest.mark.integration
@@ -52,7 +52,6 @@ def test_the_settings_shown_parse() -> None:
     assert "get_current_time" in parse_config(block("toml")).tools
 
 
-@KAFKA_READ_BACK_GAP
 async def test_the_entry_init_writes_starts_from_a_bare_environment_and_publishes_to_the_deployment(
     broker: Broker, topic_name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
