@@ -8,12 +8,14 @@ gateway, direct, ...) so that the machine's noise falls on both alike. The call 
 {"timezone": "Asia/Seoul"}` with no `_meta`, as a client that sends no user words makes it: a read, admitted
 (SPEC §2.7), its decision published and acknowledged before the call, its outcome after.
 
-Prints: the **cold start** (each side's first call after its start, the gateway's after its warm-up); the
+Prints: the **cold start** (each side's first call after its start, the gateway's after its warm-up, split into
+the same parts as below); the
 warm p50/p99 of each side and the **added** p50/p99 per call pair against the limits (3 ms and 8 ms on a
 quiet machine), as ratios; and the **share of each part** of the mean added time, from the gateway's own
 metrics over the measured calls: the broker's acknowledgements (``preflight_publish_ack_seconds``), the
 engine and the gateway's code (its time per call less the upstream's and the acks), and the MCP hops (the
-rest: the extra stdio hop and the SDK's serialisation on both sides).
+rest: the extra stdio hop and the SDK's serialisation on both sides). Last, the gateway process's CPU per call
+(``process_cpu_seconds_total``: all its threads, its client side of the upstream included).
 """
 
 from __future__ import annotations
@@ -48,13 +50,17 @@ SUMS = {
     "upstream": "preflight_gateway_upstream_seconds",
 }
 
+#: The gateway process's CPU seconds (user and system; its metrics' process collector).
+CPU = "process_cpu_seconds_total"
+
 
 @dataclass
 class Measured:
     cold: tuple[float, float]
+    cold_parts: dict[str, float]  # the gateway's first call, ms: ack, call, upstream (its own metrics)
     plain: list[float]
     through: list[float]
-    parts: dict[str, float]  # ms per gated call: ack, call, upstream; and publishes per call
+    parts: dict[str, float]  # ms per gated call: ack, call, upstream, the process's cpu; and publishes per call
 
 
 def free_port() -> int:
@@ -68,7 +74,7 @@ def totals(text: str) -> dict[str, float]:
     out: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name.endswith(("_sum", "_count")):
+            if sample.name.endswith(("_sum", "_count")) or sample.name == "process_cpu_seconds_total":
                 out[sample.name] = out.get(sample.name, 0.0) + sample.value
     return out
 
@@ -124,7 +130,10 @@ async def measure(calls: int, warmup: int, broker: str, work: Path) -> Measured:
         ):
             await d.initialize()
             await g.initialize()
-            cold = (await timed(d), await timed(g))  # each side's first call after its start
+            direct_first = await timed(d)
+            started = await scrape(metrics)
+            cold = (direct_first, await timed(g))  # each side's first call after its start
+            first = await scrape(metrics)
             for _ in range(warmup):
                 await timed(d)
                 await timed(g)
@@ -138,7 +147,9 @@ async def measure(calls: int, warmup: int, broker: str, work: Path) -> Measured:
     made = after[SUMS["call"] + "_count"] - before[SUMS["call"] + "_count"]
     parts = {k: 1000.0 * (after[m + "_sum"] - before[m + "_sum"]) / made for k, m in SUMS.items()}
     parts["publishes"] = (after[SUMS["ack"] + "_count"] - before[SUMS["ack"] + "_count"]) / made
-    return Measured(cold, plain, through, parts)
+    parts["cpu"] = 1000.0 * (after[CPU] - before[CPU]) / made
+    cold_parts = {k: 1000.0 * (first[m + "_sum"] - started.get(m + "_sum", 0.0)) for k, m in SUMS.items()}
+    return Measured(cold, cold_parts, plain, through, parts)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -157,6 +168,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"gateway bench: {ns.calls} read-only calls each way, alternating (after {ns.warmup} warm-up pairs)")
     print(f"  cold start (first call)   direct {m.cold[0]:7.2f} ms   gateway {m.cold[1]:7.2f} ms")
     print(f"    gateway's first call / its warm p50: {m.cold[1] / p50[1]:.2f}x")
+    c = m.cold_parts
+    print(
+        f"    of its first call: upstream {c['upstream']:.2f} ms, broker acks {c['ack']:.2f} ms,"
+        f" engine and gateway code {c['call'] - c['upstream'] - c['ack']:.2f} ms,"
+        f" MCP hops {m.cold[1] - c['call']:.2f} ms"
+    )
     print(f"  direct to the upstream    p50 {p50[0]:7.2f} ms   p99 {p99[0]:7.2f} ms")
     print(f"  through the gateway       p50 {p50[1]:7.2f} ms   p99 {p99[1]:7.2f} ms")
     print(f"  ratio of medians (gateway / direct): {p50[1] / p50[0]:.2f}x")
@@ -175,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  share of the mean added {mean:.2f} ms (gateway metrics over the measured calls):")
     for name, ms in shares.items():
         print(f"    {name:48s} {ms:6.2f} ms  {100.0 * ms / mean if mean > 0 else 0.0:5.1f} %")
+    print(f"  gateway process CPU per call (all its threads, its upstream client side included): {parts['cpu']:.2f} ms")
     return 0
 
 

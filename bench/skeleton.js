@@ -1,8 +1,10 @@
 // The reference skeleton (JavaScript) deciding the seed's bank transfer, as bench/engine.py does with
 // ours: the same hooks (preflight/scenario.py), an in-memory {persist, load} storage, the recipient
 // answered, `runPreflightAndRecord` timed over N runs. Usage: node bench/skeleton.js <skeleton.js> <N>
-// Prints one JSON line: {"decisions_per_s": ..., "decision": ...}. The skeleton's file is not part of this
-// project: `make reference-skeleton` fetches it into bench/.cache (see bench/README.md).
+// Prints one JSON line: {"decisions_per_s": ..., "cpu_decisions_per_s": ..., "decision": ...}, the second by
+// the process's CPU time (which other load on a shared machine disturbs less than the clock). The
+// skeleton's file is not part of this project: `make reference-skeleton` fetches it into bench/.cache
+// (see bench/README.md).
 "use strict";
 const path = require("path");
 const [file, runs] = [process.argv[2], Number(process.argv[3] || 5000)];
@@ -51,7 +53,16 @@ const input = {
   for (let i = 0; i < Math.min(runs, 2000); i++) await pf.runPreflightAndRecord(input); // warm the JIT
   records.clear();
   const start = process.hrtime.bigint();
+  const cpu = process.cpuUsage();
   for (let i = 0; i < runs; i++) await pf.runPreflightAndRecord(input);
   const seconds = Number(process.hrtime.bigint() - start) / 1e9;
-  console.log(JSON.stringify({ decisions_per_s: runs / seconds, decision: first.execution_decision }));
+  const used = process.cpuUsage(cpu);
+  const cpuSeconds = (used.user + used.system) / 1e6;
+  console.log(
+    JSON.stringify({
+      decisions_per_s: runs / seconds,
+      cpu_decisions_per_s: runs / cpuSeconds,
+      decision: first.execution_decision,
+    })
+  );
 })();

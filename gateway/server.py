@@ -105,6 +105,15 @@ class Gateway:
         self.tools_changed = ToolsChanged()  # gateway.health: clients told when an upstream goes or comes
         upstreams.on_change(self.tools_changed.changed)
 
+    def prepare(self) -> None:
+        """What the first call would otherwise do once, done at start: the questions store opened (its file
+        created) and the calls a previous gateway left with an unknown effect held again."""
+        config = self.settings.current()
+        store = stores(self.settings.path.parent / config.gateway.questions_file)
+        if not self._restored:
+            self._restored = True
+            restore(store, self.preflight)
+
     # ---- tools/list -------------------------------------------------------------------------------------------
 
     async def list_tools(

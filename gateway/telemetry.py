@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Histogram, ProcessCollector
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
@@ -93,6 +93,7 @@ class GatewayMetrics:
         if upstream_status is not None:
             self.registry.register(_Upstreams(upstream_status))
         self.registry.register(PUBLISH_ACK_SECONDS)
+        ProcessCollector(registry=self.registry)  # process_cpu_seconds_total: the gateway's CPU per call
 
     def decided(self, state: ExecutionRecord) -> None:
         """Count one recorded run (its first decision: ``execute``, ``ask_user``, ``hold``, ...)."""

@@ -275,12 +275,15 @@ class Preflight:
             input, lambda inp: decide_read(inp, self._clock, named_read_only=named_read_only)
         )
 
-    async def record_forward(self, input: Any, *, reason: str) -> ExecutionRecord:
+    async def record_forward(self, input: Any, *, reason: str, shadow_of: str | None = None) -> ExecutionRecord:
         """Record a call forwarded unchanged in shadow mode (`preflight.reads.decide_forward`): an unkeyed
-        ``execute`` with the model's arguments, so `execute_if_ready` records its outcome, never a baseline."""
+        ``execute`` with the model's arguments, so `execute_if_ready` records its outcome, never a baseline.
+        `shadow_of` is the judged run's id: the call is counted once, as that run, which shows the outcome."""
         from preflight.reads import decide_forward
 
-        return await self._record_unkeyed(input, lambda inp: decide_forward(inp, self._clock, reason=reason))
+        return await self._record_unkeyed(
+            input, lambda inp: decide_forward(inp, self._clock, reason=reason, shadow_of=shadow_of)
+        )
 
     async def _record_unkeyed(self, input: Any, decide_it: Callable[[PreflightInput], Decided]) -> ExecutionRecord:
         with run_span(input) as span:
@@ -605,7 +608,12 @@ def _output_schema(tool: Any) -> dict[str, Any] | None:
 
 
 def _record_digest(state: ExecutionRecord) -> str:
-    return digest(state.model_dump(mode="json"))
+    """The digest of `state`'s JSON (`model_dump(mode="json")`), its fields written by `FieldRecord.as_json`
+    (the same members, at a tenth of the model serializer's cost): taken when an `execute` decision is
+    recorded and again when it is acted on."""
+    data = state.model_dump(mode="json", exclude={"fields"})
+    data["fields"] = None if state.fields is None else [f.as_json() for f in state.fields]
+    return digest(data)
 
 
 def _foreign_state_problem(

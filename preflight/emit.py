@@ -75,7 +75,7 @@ class _Chain:
             **self.envelope,
             **payload,
         }
-        event = seal(body)
+        event = seal(body, built=True)
         self.events.append(event)
         self.prev = event.hash
         self.seq += 1
@@ -130,7 +130,8 @@ def run_events(
             gate=gate_json,
         )
     elif decision == "deferred":
-        chain.add("run_deferred", pending_fields=trace.deferred_pending, deferred_input=record.deferred_input)
+        assert record.deferred_input is not None
+        chain.add("run_deferred", pending_fields=trace.deferred_pending, deferred_input=dict(record.deferred_input))
     elif decision == "execute":
         assert trace.arguments is not None and record.fixed is not None and gate_json is not None
         decision_id = new_id()
@@ -198,36 +199,21 @@ def outcome_event(
 ) -> PreflightEvent:
     """The `executed` / `execution_failed` event that extends a closed run's chain (sealed by `sealer`);
     `checked` is the result's structured content checked against the tool's output schema."""
-    assert ref.decision_id is not None and ref.arguments_digest is not None and state.fixed is not None
-    body: dict[str, Any] = {
-        "event_id": new_id(),
-        "run_id": ref.run_id,
-        "seq": ref.next_seq,
-        "prev_hash": ref.last_hash,
-        "occurred_at": clock(),
-        "action_key": state.action_key,
-        "user_id": user_id,
-        "agent_id": agent_id,
-        "decision_id": ref.decision_id,
-        "tool_name": state.fixed.c3_provider_action_name,
-        "arguments_digest": ref.arguments_digest,
-        "reason": executed.reason,
-        "timestamp": executed.timestamp,
-    }
+    members: dict[str, Any] = {"reason": executed.reason, "timestamp": executed.timestamp}
     if error is None:
-        body.update(event_type="executed", result_digest=_result_digest(result, sealer))
+        members.update(event_type="executed", result_digest=_result_digest(result, sealer))
         content = structured_content(result)
         if content is not None:
-            body["structured_content_digest"] = _result_digest(content, sealer)
+            members["structured_content_digest"] = _result_digest(content, sealer)
         if checked is not None:
-            body["output_check"] = checked
+            members["output_check"] = checked
     elif (cause := effect_unknown_cause(error)) is not None:
-        body.update(event_type="effect_unknown", cause=cause, error_type=type(error).__name__, error=str(error))
+        members.update(event_type="effect_unknown", cause=cause, error_type=type(error).__name__, error=str(error))
     else:
-        body.update(event_type="execution_failed", error_type=type(error).__name__, error=str(error))
-    if sealer is not None:
-        body = sealer.payload(body["event_type"], body)
-    return seal(body)
+        members.update(event_type="execution_failed", error_type=type(error).__name__, error=str(error))
+    return _after_close(
+        state, ref, members, user_id=user_id, agent_id=agent_id, clock=clock, new_id=new_id, sealer=sealer
+    )
 
 
 def read_back_event(
@@ -247,9 +233,35 @@ def read_back_event(
     sealer: RunSealer | None = None,
 ) -> PreflightEvent:
     """The `effect_read_back` event that settles a run's `effect_unknown` (the next link of its chain)."""
+    members: dict[str, Any] = {
+        "event_type": "effect_read_back",
+        "took_effect": took_effect,
+        "basis": basis,
+        "readback_tool": readback_tool,
+        "readback_result_digest": None if readback_result is None else _result_digest(readback_result, sealer),
+        "reason": reason,
+        "timestamp": timestamp,
+    }
+    return _after_close(
+        state, ref, members, user_id=user_id, agent_id=agent_id, clock=clock, new_id=new_id, sealer=sealer
+    )
+
+
+def _after_close(
+    state: ExecutionRecord,
+    ref: RunRef,
+    members: dict[str, Any],
+    *,
+    user_id: str | None,
+    agent_id: str | None,
+    clock: Callable[[], str],
+    new_id: Callable[[], str],
+    sealer: RunSealer | None,
+) -> PreflightEvent:
+    """The event of `members` (its type and own members) that extends the closed run `ref` of `state`: the
+    next link of its chain, naming the decision it follows (sealed by `sealer`)."""
     assert ref.decision_id is not None and ref.arguments_digest is not None and state.fixed is not None
     body: dict[str, Any] = {
-        "event_type": "effect_read_back",
         "event_id": new_id(),
         "run_id": ref.run_id,
         "seq": ref.next_seq,
@@ -261,16 +273,11 @@ def read_back_event(
         "decision_id": ref.decision_id,
         "tool_name": state.fixed.c3_provider_action_name,
         "arguments_digest": ref.arguments_digest,
-        "took_effect": took_effect,
-        "basis": basis,
-        "readback_tool": readback_tool,
-        "readback_result_digest": None if readback_result is None else _result_digest(readback_result, sealer),
-        "reason": reason,
-        "timestamp": timestamp,
+        **members,
     }
     if sealer is not None:
         body = sealer.payload(body["event_type"], body)
-    return seal(body)
+    return seal(body, built=True)
 
 
 def _result_digest(result: Any, sealer: RunSealer | None = None) -> str:

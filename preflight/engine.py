@@ -154,10 +154,26 @@ def execution_refused(
         decided_run_id=decided_run_id,
         _diag={"reason": reason},
     )
-    record = ExecutionRecord(
+    record = hold_record(gate, f"hold: execution refused ({code}): {reason}", now, action_key=action_key)
+    started = {**started_summary(None, None), "tool_name": tool_name}
+    return Decided(record, Trace(started=started, gate_name="execution", gap_class="unmet_condition"))
+
+
+def hold_record(
+    gate: Any,
+    reason: str,
+    now: str,
+    *,
+    action_key: str | None = None,
+    phase: Any = None,
+    fixed: Fixed | None = None,
+    admission: AdmissionVerdict | None = None,
+) -> ExecutionRecord:
+    """The record of a run held before any field was read: its `gate` and `reason`, nothing resolved."""
+    return ExecutionRecord(
         action_key=action_key,
-        phase=None,
-        fixed=None,
+        phase=phase,
+        fixed=fixed,
         fields=None,
         advisory_notes="",
         user_checklist=[],
@@ -165,11 +181,10 @@ def execution_refused(
         unverified_checklist_count=None,
         gate=gate,
         execution_decision="hold",
-        reason=f"hold: execution refused ({code}): {reason}",
+        reason=reason,
         timestamp=now,
+        admission=admission,
     )
-    started = {**started_summary(None, None), "tool_name": tool_name}
-    return Decided(record, Trace(started=started, gate_name="execution", gap_class="unmet_condition"))
 
 
 def _json_list(raw: Any) -> list[Any]:
@@ -193,7 +208,7 @@ def started_summary(raw: Mapping[str, Any] | None, parsed: PreflightInput | None
             "user_checklist": [],
         }
     try:
-        tool_digest: str | None = digest(parsed.tool.model_dump(mode="json", by_alias=True))
+        tool_digest: str | None = digest(parsed.tool.recorded_json())
     except (TypeError, ValueError):  # NaN or a lone surrogate in the definition: no digest, and the
         tool_digest = None  # run's own events will fail to encode and fall to the backstop
     segments = (
@@ -334,35 +349,6 @@ async def _reason(hooks: Mapping[str, Hook], decision: str, gate: Mapping[str, A
     return out if isinstance(out, str) and out else default_format_reason(decision, gate)
 
 
-def _undecided(
-    *,
-    action_key: str | None,
-    phase: Literal["at_instruction", "at_trigger"] | None,
-    fixed: Fixed,
-    checklist: list[Any],
-    gate: IntentGate | ToolGate | DefinitionGate | ProposalGate,
-    decision: Literal["ask_user", "hold"],
-    reason: str,
-    now: str,
-) -> ExecutionRecord:
-    """A record stopped by a gate above the field lookup: no fields, no counts, no advisory notes
-    (an undetermined tool's description is not carried)."""
-    return ExecutionRecord(
-        action_key=action_key,
-        phase=phase,
-        fixed=fixed,
-        fields=None,
-        advisory_notes="",
-        user_checklist=checklist,
-        unknown_count=None,
-        unverified_checklist_count=None,
-        gate=gate,
-        execution_decision=decision,
-        reason=reason,
-        timestamp=now,
-    )
-
-
 async def decide(
     hooks: Mapping[str, Hook],
     inp: PreflightInput,
@@ -443,6 +429,35 @@ class _Run:
         self.trace.gate_name, self.trace.gap_class = gate_name, gap_class
         return Decided(record, self.trace)
 
+    def undecided(
+        self,
+        gate: IntentGate | ToolGate | DefinitionGate | ProposalGate,
+        decision: Literal["ask_user", "hold"],
+        reason: str,
+        gate_name: GateName,
+        gap_class: GapClass,
+        *,
+        keyed: bool = True,
+    ) -> Decided:
+        """The run stopped by a gate above the field lookup: no fields, no counts, no advisory notes (an
+        undetermined tool's description is not carried); without its action key and phase when it stopped
+        before they were settled (not `keyed`)."""
+        record = ExecutionRecord(
+            action_key=self.action_key if keyed else None,
+            phase=self.phase if keyed else None,
+            fixed=self.fixed,
+            fields=None,
+            advisory_notes="",
+            user_checklist=self.checklist_json,
+            unknown_count=None,
+            unverified_checklist_count=None,
+            gate=gate,
+            execution_decision=decision,
+            reason=reason,
+            timestamp=self.clock(),
+        )
+        return self.stop(record, gate_name, gap_class)
+
     # Step 0: checklist ids, before anything talks to the user.
     def check_checklist_ids(self) -> Decided | None:
         raw = self.inp.user_checklist
@@ -481,17 +496,8 @@ class _Run:
         )
         slots = ", ".join(f"{i['slot']}:{i['code']}" for i in blocking)
         self.fixed = Fixed.model_validate(self.fixed_values)
-        record = _undecided(
-            action_key=None,
-            phase=None,
-            fixed=self.fixed,
-            checklist=self.checklist_json,
-            gate=gate,
-            decision=decision,
-            reason=f"{decision}: intent undetermined ({slots}), attempt {attempt} of {INTENT_ATTEMPT_LIMIT}",
-            now=self.clock(),
-        )
-        return self.stop(record, "intent", "instruction_gap")
+        why = f"{decision}: intent undetermined ({slots}), attempt {attempt} of {INTENT_ATTEMPT_LIMIT}"
+        return self.undecided(gate, decision, why, "intent", "instruction_gap", keyed=False)
 
     # Step 2: the action key (in a protected engine, published as its keyed pseudonym).
     async def build_action_key(self) -> Decided | None:
@@ -538,17 +544,9 @@ class _Run:
                 "limit": TOOL_ATTEMPT_LIMIT,
             },
         )
-        record = _undecided(
-            action_key=self.action_key,
-            phase=self.phase,
-            fixed=self.fixed,
-            checklist=self.checklist_json,
-            gate=gate,
-            decision=decision,
-            reason=f"{decision}: tool undetermined ({reason})",
-            now=self.clock(),
+        return self.undecided(
+            gate, decision, f"{decision}: tool undetermined ({reason})", "tool", "action_definition_gap"
         )
-        return self.stop(record, "tool", "action_definition_gap")
 
     # Step 5: which arguments the call has: the provider checklist's required fields (no schema is not
     # "no fields"), and the optional ones the model proposed, leaf by leaf (`preflight.arguments`).
@@ -579,17 +577,8 @@ class _Run:
             _diag={"candidate_tool": self.inp.tool.name, "defect": defect},
         )
         what = "incomplete" if kind == "tool_definition_incomplete" else "invalid"
-        record = _undecided(
-            action_key=self.action_key,
-            phase=self.phase,
-            fixed=self.fixed_checklist,
-            checklist=self.checklist_json,
-            gate=gate,
-            decision="hold",
-            reason=f"hold: tool definition {what} ({defect})",
-            now=self.clock(),
-        )
-        return self.stop(record, "tool_definition", "action_definition_gap")
+        why = f"hold: tool definition {what} ({defect})"
+        return self.undecided(gate, "hold", why, "tool_definition", "action_definition_gap")
 
     def proposal_hold(self, error: ArgumentsError) -> Decided:
         """The model's proposal cannot be a call of this tool: held until the agent proposes again."""
@@ -600,22 +589,8 @@ class _Run:
             user_message=MSG_PROPOSAL_REJECTED,
             _diag={"candidate_tool": self.inp.tool.name, "defect": error.detail},
         )
-        record = _undecided(
-            action_key=self.action_key,
-            phase=self.phase,
-            fixed=self.fixed_checklist,
-            checklist=self.checklist_json,
-            gate=gate,
-            decision="hold",
-            reason=f"hold: proposed arguments rejected ({error.detail})",
-            now=self.clock(),
-        )
-        return self.stop(record, "proposal", "action_definition_gap")
-
-    @property
-    def fixed_checklist(self) -> Fixed:
-        assert self.fixed is not None
-        return self.fixed
+        why = f"hold: proposed arguments rejected ({error.detail})"
+        return self.undecided(gate, "hold", why, "proposal", "action_definition_gap")
 
     # Step 6: the five tiers, leaf by leaf, in order (sequential on purpose); then the assembled call
     # against the whole schema, once every leaf is known.
@@ -645,9 +620,7 @@ class _Run:
         if inp.proposed_arguments is not None:
             self.resolved = [_with_proposal(r, leaf) for r, leaf in zip(self.resolved, plan.leaves, strict=True)]
         for resolved in self.resolved:
-            self.trace.took(
-                "field_resolved", field=resolved.field.model_dump(mode="json"), evidence=resolved.evidence.as_json()
-            )
+            self.trace.took("field_resolved", field=resolved.field.as_json(), evidence=resolved.evidence.as_json())
         self.fields = [r.field for r in self.resolved]
         return None
 

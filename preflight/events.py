@@ -113,6 +113,9 @@ class RunStarted(Envelope):
     intent_attempt: int
     tool_attempt: int
     user_checklist: list[Any]
+    # Shadow mode: the run of a call forwarded unchanged names the judged run whose call it forwarded
+    # (`preflight.reads.decide_forward`); absent from every other run, whose bytes stay as they were.
+    shadow_of: str | None = Field(default=None, exclude_if=lambda value: value is None)
 
 
 class FixedChecklistResolved(Envelope):
@@ -391,14 +394,56 @@ _HASH_PLACEHOLDER: str = os.urandom(32).hex()
 _HASH_MEMBER = b'"hash":"' + _HASH_PLACEHOLDER.encode() + b'",'
 
 
-def seal(body: dict[str, Any]) -> PreflightEvent:
+#: Per event model: its members in declaration order, the required ones, and the defaults of the rest.
+_MEMBERS: dict[type[Envelope], tuple[tuple[str, ...], frozenset[str], frozenset[str], dict[str, Any]]] = {
+    model: (
+        tuple(model.model_fields),
+        frozenset(model.model_fields),
+        frozenset(name for name, f in model.model_fields.items() if f.is_required()),
+        {name: f.default for name, f in model.model_fields.items() if not f.is_required()},
+    )
+    for model in _EVENT_MODELS.values()
+}
+
+
+def _assembled(fields: dict[str, Any]) -> PreflightEvent | None:
+    """The event model of `fields` built without validating its values (None: not its model's members).
+
+    For the engine's own bodies (`seal(..., built=True)`): the decision path builds every payload from
+    values validated at the edge, in its model's JSON types, and a test holds every payload it builds, down
+    every path, to strict validation by the model (`tests/unit/test_hot_path.py`). What is checked here is
+    only what costs nothing: the members are exactly the model's (none unknown, none required missing) and
+    a signature, the one nested model, is validated. A model's validation costs ~25 us an event, its
+    assembly ~5 (bench/README.md, engine)."""
+    model = _EVENT_MODELS.get(fields.get("event_type"))
+    if model is None:
+        return None
+    names, members, required, defaults = _MEMBERS[model]
+    if not (required <= fields.keys() <= members):
+        return None
+    if model is ExecutionApproved and isinstance(fields.get("signature"), Mapping):
+        fields = {**fields, "signature": DecisionSignature.model_validate(fields["signature"])}
+    event = model.__new__(model)
+    values = {name: fields[name] if name in fields else defaults[name] for name in names}
+    # As `BaseModel.model_construct` sets them (which costs more than validating, ~30 us).
+    object.__setattr__(event, "__dict__", values)
+    object.__setattr__(event, "__pydantic_fields_set__", set(fields))
+    object.__setattr__(event, "__pydantic_extra__", None)
+    object.__setattr__(event, "__pydantic_private__", {"_canonical": None})
+    return event  # type: ignore[return-value]
+
+
+def seal(body: dict[str, Any], *, built: bool = False) -> PreflightEvent:
     """Build an event from `body` (every field but `hash`, as JSON values), computing its chain hash.
 
     The event is written in canonical form once: with a placeholder for its hash, whose member taken out
     leaves the hashed text (keys are sorted, so the member sits where `hash` sorts) and put back in with
     the hash gives the published bytes (`encode_event`). The hash is computed over `body` itself;
     `verify_event_hash` recomputes it over the model's JSON dump, so a body that does not round-trip
-    exactly yields an event that fails verification (the property tests hold this)."""
+    exactly yields an event that fails verification (the property tests hold this).
+
+    `built=True` says the body is the engine's own, built from validated values (`_assembled`): the model
+    is then assembled, not validated; a body whose members are not its model's is validated as any other."""
     fields = {"schema_version": EVENT_SCHEMA_VERSION, **body, "hash": _HASH_PLACEHOLDER}
     full = event_canonical_json(fields)
     at = full.find(_HASH_MEMBER)
@@ -410,11 +455,15 @@ def seal(body: dict[str, Any]) -> PreflightEvent:
     h.update(before)
     h.update(after)
     fields["hash"] = hash_ = h.hexdigest()
+    assembled = _assembled(fields) if built else None
     event: PreflightEvent
-    try:  # its own model's validator: no union to dispatch (a quarter less than the union's)
-        event = _EVENT_MODELS[fields.get("event_type")].model_validate(fields)  # type: ignore[assignment]
-    except (KeyError, ValidationError):  # the union raises, naming the defect as it always has
-        event = EVENT_ADAPTER.validate_python(fields)
+    if assembled is not None:
+        event = assembled
+    else:
+        try:  # its own model's validator: no union to dispatch (a quarter less than the union's)
+            event = _EVENT_MODELS[fields.get("event_type")].model_validate(fields)  # type: ignore[assignment]
+        except (KeyError, ValidationError):  # the union raises, naming the defect as it always has
+            event = EVENT_ADAPTER.validate_python(fields)
     private_attrs(event)["_canonical"] = before + b'"hash":"' + hash_.encode() + b'",' + after
     return event
 

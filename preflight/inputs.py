@@ -10,11 +10,14 @@ judged there.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, JsonValue, model_validator
+import orjson
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, JsonValue, PrivateAttr, model_validator
 
 from preflight.admission import Approval, EnvironmentState, InvocationRecord
+from preflight.chain import plain_json
 from preflight.records import ExecutionRecord
 
 Trust = Literal["user", "untrusted"]
@@ -68,6 +71,15 @@ def _as_mcp_json(raw: Any) -> Any:
     return raw
 
 
+def _orjson_writes(data: Any) -> bool:
+    """True if orjson writes plain JSON `data`: it refuses only a lone surrogate, which UTF-8 cannot hold."""
+    try:
+        orjson.dumps(data)
+    except TypeError:
+        return False
+    return True
+
+
 class Tool(BaseModel):
     """The already-selected MCP tool, as `tools/list` describes it -- the JSON, or the `mcp` SDK's own
     `Tool` object (read by its wire names).
@@ -110,12 +122,34 @@ class Tool(BaseModel):
         schema = extra.get("outputSchema", extra.get("output_schema"))
         return schema if isinstance(schema, dict) else None
 
+    # The tool's JSON (`recorded_json`), dumped once, when it is validated.
+    _json: dict[str, Any] | None = PrivateAttr(default=None)
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Any:
+        """A copy, without the kept dump: a changed copy is dumped from its fields (`recorded_json`)."""
+        copied = super().model_copy(update=update, deep=deep)
+        if copied.__pydantic_private__ is not None:
+            copied.__pydantic_private__["_json"] = None
+        return copied
+
+    def recorded_json(self) -> dict[str, Any]:
+        """The tool as it is recorded: `model_dump(mode="json", by_alias=True)`, dumped once (at validation)
+        for the run's digest of it. Read it, never change it."""
+        private = self.__pydantic_private__
+        kept = private.get("_json") if private is not None else None
+        if kept is None:
+            kept = self.model_dump(mode="json", by_alias=True)
+            if private is not None:
+                private["_json"] = kept
+        return kept
+
     @model_validator(mode="after")
     def _recordable(self) -> Tool:
         """The tool judged must be recordable exactly (its digest goes into the audit trail)."""
         try:
-            text = json.dumps(self.model_dump(mode="json", by_alias=True), allow_nan=False, ensure_ascii=False)
-            text.encode("utf-8")
+            dumped = self.recorded_json()
+            if not (plain_json(dumped) and _orjson_writes(dumped)):  # the text names the defect
+                json.dumps(dumped, allow_nan=False, ensure_ascii=False).encode("utf-8")
         except (TypeError, ValueError, RecursionError) as exc:
             raise ValueError(f"tool definition cannot be recorded as JSON ({type(exc).__name__})") from exc
         return self

@@ -363,7 +363,7 @@ async def settle_field(
 
 
 async def _apply_policy(record: FieldRecord, ctx: LookupContext, hooks: Mapping[str, Hook]) -> FieldRecord:
-    given = record.model_dump(mode="json")
+    given = record.as_json()
     given.setdefault("value", None)
     try:
         out = await call(hooks["apply_field_policy"], dict(given), ctx)
@@ -398,4 +398,6 @@ async def _apply_policy(record: FieldRecord, ctx: LookupContext, hooks: Mapping[
     )
     if not same:
         return demote(record, "field policy changed the value or its source")
+    if pending == record.pending_at_trigger and note == record.note:
+        return record  # passed through as it was: no copy to make
     return record.model_copy(update={"pending_at_trigger": pending, "note": note})

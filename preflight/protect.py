@@ -17,7 +17,7 @@ timestamps, sources and origins, which analysts count):
 * every member of a user-checklist item but its `id`, `status`, `source` and `verified_at`;
 * every piece of prose a value-seeing hook or an exception may have written: field notes and
   diagnostic notes, the gate's notes, checklist descriptions and diagnostic details, the fixed
-  checklist's issue details, every record `reason` but the engine's own (below), an execution's error
+  checklist's issue details, the user's part of every record `reason` (below), an execution's error
   text and its output check;
 * the intent fingerprint: an unkeyed digest of the instruction could be brute-forced back to a
   low-entropy utterance ("pay 500 to 1234"); sealed, its token still tells a repeated utterance;
@@ -26,17 +26,34 @@ timestamps, sources and origins, which analysts count):
   ``gate/_diag/user_action`` of a tool gate), and the adopter's readable action key
   (``readable_action_key`` of ``tool_match_decided``), which is usually built from them.
 
-A decision's **reason is the engine's own** -- left readable, so it still reads after an erasure --
-exactly when it is the text the engine renders from the decision and two counts
-(`preflight.hooks.counts_reason`, e.g. ``execute: unknown_fields=0, unverified_checklist=0``), with
-the decision the event or record states and counts no larger than its clear ``unknown_count`` and
-``unverified_checklist_count``; an executed outcome's reason is that of ``execute`` with no unknown and
-no unverified item, then `` / call succeeded``. Such a text is decided by its grammar, not by who wrote
-it: it spells a decision code and counts the clear members already bound, so it cannot carry a word or
-a value of the user's, whether the default hook or an adopter's `format_reason` rendered it. Every
-other reason (a custom rendering, a tool gate's or a failed call's, one quoting a hook's error) may
-quote the user and stays sealed; so does one whose counts exceed the clear ones, which could smuggle a
-number.
+A decision's **reason is the engine's words around the user's**: the engine writes every reason from a
+fixed set of templates (`reason_templates`, listed below), and a protected run keeps the template's own
+words readable -- so they still read after an erasure -- and seals only the part that may carry the
+user's words or values, on its own, at ``<slot>/detail`` (``reason/detail``, ``outcome/reason/detail``),
+as a ``sealed:...`` text inside the reason. After an erasure such a reason reads, for compliance, with
+that part "erased" (``ask_user: tool undetermined (erased)``); an analyst sees the part's token. The
+templates, and which part is sealed:
+
+* clear in full: the counts (``execute: unknown_fields=0, unverified_checklist=0``,
+  `preflight.hooks.counts_reason`, whether the default hook or an adopter's `format_reason` rendered it,
+  with counts no larger than the clear ``unknown_count`` / ``unverified_checklist_count``); a checklist
+  without ids (``hold: user checklist item without a usable id at index 0, 2``, positions in order); the
+  intent gate (``ask_user: intent undetermined (c2_user_action_name:unresolved), attempt 0 of 2``, slot
+  and issue names only); a missing schema (``hold: tool definition incomplete (input schema missing)``);
+  a deferral (``deferred: a scheduled action waits for its trigger (1 field(s) pending)``, the count no
+  larger than ``unknown_count``); admission (``hold: admission requires_approval (approval_missing)``,
+  a code of fixed spelling or the one the gate states); a read or a shadow call's ``execute`` reason;
+  an outcome's ``<execute reason> / call succeeded``;
+* the part in brackets or after the colon sealed: the tool gate's (``ask_user: tool undetermined
+  (<the hook's reason, which may quote the user>)``), a tool definition's or a proposal's defect, a
+  refused execution's detail (``hold: execution refused (decision_replayed): <detail>``), the read path's
+  holds (``hold: <tool>: no input schema``, ``hold: undeclared arguments refused: <names>``, ``hold:
+  arguments not admitted: <why>``), ``invalid input: <detail>``, ``preflight error: <exception>``, and a
+  call's error (``<execute reason> / call failed: <error>``, ``... / effect unknown (timeout): <error>``).
+
+A template's decision must be the run's, so its words state nothing the clear members do not. Every other
+reason (a custom rendering, one whose counts exceed the clear ones, which could smuggle a number, a
+read-back's) is sealed whole, as every reason but the counts was before; such a reason still opens.
 
 The **action key** itself is published as a keyed pseudonym (``ak1.<hex>``, `RunSealer.pseudonym`): an
 HMAC of the adopter's key under a key derived from the subject's. The same user's same key always maps to
@@ -67,6 +84,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import hashlib
 import hmac
 import json
@@ -76,14 +94,14 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, get_args
 
 from preflight.errors import KeyStoreError, ProtectionError, TamperedValue, UnknownKey, ValueErased
 from preflight.events import canonical_json
 from preflight.hooks import CALL_SUCCEEDED, counts_reason
 from preflight.keys import SubjectKey, make_kid, parse_kid, subject_handle
 from preflight.ports import KeyStore
-from preflight.records import ExecutionRecord
+from preflight.records import ExecutionRecord, ExecutionRefusalCode
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -104,12 +122,16 @@ __all__ = [
     "baseline_view",
     "engine_reason",
     "erase",
+    "has_sealed_part",
     "is_sealed",
     "make_kid",
     "open_event_body",
     "open_record",
     "parse_kid",
     "protect_payload",
+    "reason_parts",
+    "reason_templates",
+    "replace_sealed_parts",
     "subject_handle",
     "token_of",
 ]
@@ -227,6 +249,22 @@ def is_sealed(value: Any) -> bool:
         and value.get("sealed") == ALGORITHM
         and all(isinstance(v, str) for v in value.values())
     )
+
+
+#: A sealed text inside a longer text: the sealed part of an engine reason (`reason_parts`).
+_SEALED_PART = re.compile(
+    re.escape(TEXT_PREFIX) + r"[0-9a-f]{32}\.[1-9][0-9]{0,9}:[A-Za-z0-9+/=]+:[A-Za-z0-9+/=]+:tk1\.[0-9a-f]{32}"
+)
+
+
+def has_sealed_part(text: Any) -> bool:
+    """Whether `text` is a text with a sealed text inside it (an engine reason whose user's part is sealed)."""
+    return isinstance(text, str) and not is_sealed(text) and _SEALED_PART.search(text) is not None
+
+
+def replace_sealed_parts(text: str, replace: Callable[[str], str]) -> str:
+    """`text` with every sealed text inside it replaced by ``replace(sealed_text)`` (e.g. opened, or its token)."""
+    return _SEALED_PART.sub(lambda match: replace(match[0]), text)
 
 
 def token_of(value: Any) -> str | None:
@@ -556,11 +594,100 @@ _COUNTS_REASON = re.compile(
     r"(execute|ask_user): unknown_fields=(0|[1-9][0-9]{0,5}), unverified_checklist=(0|[1-9][0-9]{0,5})"
 )
 _EXECUTED_REASON = f"{counts_reason('execute', 0, 0)} / {CALL_SUCCEEDED}"
+#: The bound of a checklist position a clear reason may name.
+_MAX_CHECKLIST_INDEX = 10_000
+#: Any text: the part of an engine reason that may carry the user's words or values (sealed on its own).
+_FREE = "(?P<free>.+)"
+
+
+def _either(words: Any) -> str:
+    return "(?:" + "|".join(re.escape(str(w)) for w in words) + ")"
+
+
+@functools.cache
+def reason_templates() -> tuple[tuple[str, re.Pattern[str]], ...]:
+    """Every reason the engine writes into a record, by name, as a pattern of its whole text (module doc,
+    "The engine's reasons"). The group ``decision`` must be the run's decision; a group ``free`` holds what
+    may carry the user's words or values and is sealed on its own; every other part is the engine's
+    vocabulary (decision codes, slot and issue names, admission statuses and codes, counts). Built on first
+    use (it reads the read path's wording, `preflight.reads`, which imports the engine)."""
+    from preflight.admission import AdmissionStatus
+    from preflight.reads import READ_REASON
+
+    codes = get_args(ExecutionRefusalCode)
+    statuses = [s for s in get_args(AdmissionStatus) if s != "allowed"]
+    issue = f"{_either(('c1_when_case', 'c2_user_action_name', 'c3_provider_action_name'))}:"
+    issue += _either(("hook_error", "out_of_enum", "unresolved"))
+    decided = _either(("execute", "ask_user", "hold", "deferred"))
+    return tuple(
+        (name, re.compile(pattern, re.DOTALL))
+        for name, pattern in (
+            (
+                "checklist_ids",
+                r"(?P<decision>hold): user checklist item without a usable id at index"
+                r" (?P<indexes>[0-9]{1,6}(?:, [0-9]{1,6})*)",
+            ),
+            (
+                "intent",
+                rf"(?P<decision>ask_user|hold): intent undetermined \({issue}(?:, {issue})*\),"
+                r" attempt [0-9]{1,9} of [0-9]{1,3}",
+            ),
+            ("tool", rf"(?P<decision>ask_user|hold): tool undetermined \({_FREE}\)"),
+            ("definition_missing", r"(?P<decision>hold): tool definition incomplete \(input schema missing\)"),
+            ("definition", rf"(?P<decision>hold): tool definition (?:incomplete|invalid) \({_FREE}\)"),
+            ("proposal", rf"(?P<decision>hold): proposed arguments rejected \({_FREE}\)"),
+            (
+                "deferred",
+                r"(?P<decision>deferred): a (?:scheduled|conditional|recurring) action waits for its"
+                r" trigger \((?P<pending>[0-9]{1,6}) field\(s\) pending\)",
+            ),
+            (
+                "admission",
+                rf"(?P<decision>ask_user|hold): admission {_either(statuses)}"
+                r" \((?P<code>[a-z][a-z0-9_]{0,63})\)",
+            ),
+            ("execution_refused", rf"(?P<decision>hold): execution refused \({_either(codes)}\): {_FREE}"),
+            ("no_schema", rf"(?P<decision>hold): {_FREE}: no input schema"),
+            ("undeclared", rf"(?P<decision>hold): undeclared arguments refused: {_FREE}"),
+            ("not_admitted", rf"(?P<decision>hold): arguments not admitted: {_FREE}"),
+            ("input", rf"invalid input: {_FREE}"),
+            ("backstop", rf"preflight error: {_FREE}"),
+            ("read", rf"(?P<decision>execute): {re.escape(READ_REASON)}"),
+            ("shadow", rf"(?P<decision>execute): shadow: decided {decided}, forwarded unchanged"),
+        )
+    )
+
+
+@functools.cache
+def _outcome_template() -> re.Pattern[str]:
+    """An outcome's reason: its `execute` decision's reason, then how the call ended (`preflight.api`); the
+    error text of a failed call, or of one whose effect is unknown, is its free part."""
+    from preflight.reads import READ_REASON
+
+    decided = _either(("execute", "ask_user", "hold", "deferred"))
+    executes = "|".join(
+        (
+            re.escape(counts_reason("execute", 0, 0)),
+            re.escape(f"execute: {READ_REASON}"),
+            rf"execute: shadow: decided {decided}, forwarded unchanged",
+        )
+    )
+    failed = r"call failed: (?P<failed>.+)"
+    unknown = r"effect unknown \((?:timeout|connection_closed)\): (?P<unknown>.+)"
+    return re.compile(rf"(?:{executes}) / (?:{re.escape(CALL_SUCCEEDED)}|{failed}|{unknown})", re.DOTALL)
+
+
+@functools.cache
+def _admission_codes() -> frozenset[str]:
+    """The admission codes of fixed spelling (`preflight.admission.AdmissionCode`)."""
+    from preflight.admission import AdmissionCode
+
+    return frozenset(code for literal in get_args(AdmissionCode) for code in get_args(literal))
 
 
 def engine_reason(reason: str, decision: Any, unknown_count: Any, unverified_count: Any) -> bool:
-    """Whether `reason` is the engine's own text for a run that decided `decision` with these clear
-    counts (module doc): it is left readable; any other reason is sealed."""
+    """Whether `reason` is the engine's own counts text for a run that decided `decision` with these clear
+    counts (module doc): left readable in full."""
     if decision == "executed":
         return reason == _EXECUTED_REASON
     match = _COUNTS_REASON.fullmatch(reason)
@@ -574,13 +701,67 @@ def engine_reason(reason: str, decision: Any, unknown_count: Any, unverified_cou
     return counts_reason(match[1], unknown, unverified) == reason and unknown <= bound[0] and unverified <= bound[1]
 
 
+def reason_parts(reason: str, holder: Mapping[str, Any], decision: Any) -> tuple[int, int] | None:
+    """Where the part of an engine reason that may carry the user's words sits in `reason` (start, end;
+    ``(0, 0)``: none, the whole text is the engine's), or None when `reason` is no reason the engine writes
+    for this run (`reason_templates`): then all of it is sealed. `holder` is the record or event that
+    states the decision and the clear members a reason's numbers are held to (counts, the checklist)."""
+    if engine_reason(reason, decision, holder.get("unknown_count"), holder.get("unverified_checklist_count")):
+        return 0, 0
+    if decision in ("executed", "failed", "execution_failed", "effect_unknown"):
+        match = _outcome_template().fullmatch(reason)
+        if match is None or (decision == "executed") != (match["failed"] is None and match["unknown"] is None):
+            return None
+        for group in ("failed", "unknown"):
+            if match[group] is not None:
+                return match.span(group)
+        return 0, 0
+    for name, pattern in reason_templates():
+        match = pattern.fullmatch(reason)
+        if match is None or not _held(name, match, holder, decision):
+            continue
+        return match.span("free") if "free" in pattern.groupindex else (0, 0)
+    return None
+
+
+def _held(name: str, match: re.Match[str], holder: Mapping[str, Any], decision: Any) -> bool:
+    """Whether a match's decision is the run's, and its numbers are no larger than the clear members
+    they count (so that a number cannot be smuggled in one)."""
+    stated = match.groupdict().get("decision")
+    if name in ("input", "backstop"):
+        if decision != "hold":
+            return False
+    elif stated != decision:
+        return False
+    if name == "checklist_ids":  # positions in the checklist, in order (its non-JSON items are not recorded)
+        indexes = [int(i) for i in match["indexes"].split(", ")]
+        return indexes == sorted(set(indexes)) and indexes[-1] < _MAX_CHECKLIST_INDEX
+    if name == "deferred":
+        unknown = holder.get("unknown_count")
+        return isinstance(unknown, int) and int(match["pending"]) <= unknown
+    if name == "admission":
+        gate = holder.get("gate")
+        code = match["code"]
+        return code in _admission_codes() or (isinstance(gate, Mapping) and gate.get("code") == code)
+    return True
+
+
 def _sealed_reason(holder: Mapping[str, Any], decision: Any, slot: str, text: SealText) -> Any:
+    """The reason with only the user's part sealed (at ``<slot>/detail``): an engine reason keeps its own
+    words readable (`reason_parts`); any other reason is sealed whole. Opening runs the same code: the
+    part then found is the sealed text, and it is opened in place."""
     reason = holder.get("reason")
     if not isinstance(reason, str):
         return reason
-    if engine_reason(reason, decision, holder.get("unknown_count"), holder.get("unverified_checklist_count")):
+    if is_sealed(reason):  # sealed whole (any reason before engine reasons were kept readable)
+        return text(reason, slot)
+    parts = reason_parts(reason, holder, decision)
+    if parts is None:
+        return text(reason, slot)
+    start, end = parts
+    if start == end:
         return reason
-    return text(reason, slot)
+    return reason[:start] + text(reason[start:end], f"{slot}/detail") + reason[end:]
 
 
 def protect_payload(event_type: str, payload: Mapping[str, Any], value: SealValue, text: SealText) -> dict[str, Any]:
@@ -689,7 +870,7 @@ class _Openers:
 
 
 def _has_sealed(data: Any) -> bool:
-    if is_sealed(data):
+    if is_sealed(data) or has_sealed_part(data):
         return True
     if isinstance(data, Mapping):
         return any(_has_sealed(v) for v in data.values())

@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from preflight.arguments import ArgumentsError, Leaf, name_of, plan_call
-from preflight.engine import Decided, Trace, started_summary
+from preflight.engine import Decided, Trace, hold_record, started_summary
 from preflight.inputs import PreflightInput, Tool
 from preflight.lookup import Evidence, Resolved
 from preflight.records import (
@@ -149,15 +149,8 @@ def decide_read(inp: PreflightInput, clock: Callable[[], str], *, named_read_onl
     if not read_only_class(tool, named_read_only):
         raise ValueError(f"{tool.name!r} is not judged read-only: it goes through the preflight")
     now = clock()
-    started = started_summary(None, inp)
-    fixed = Fixed(
-        c1_when_case="immediate",
-        c2_user_action_name=None,
-        c3_provider_action_name=tool.name,
-        c2_source=None,
-        c3_match=C3Match(approved=True, reason=READ_REASON),
-    )
-    trace = _judged(started, fixed, READ_REASON, tool.name)
+    fixed = _fixed(tool.name, READ_REASON)
+    trace = _judged(started_summary(None, inp), fixed, READ_REASON, tool.name)
     admission: dict[str, Any] | None = None  # its event follows the fields, as in a preflighted run
     proposal = inp.proposed_arguments if inp.proposed_arguments is not None else {}
     schema = tool.input_schema_json if tool.input_schema is not None else None
@@ -166,22 +159,7 @@ def decide_read(inp: PreflightInput, clock: Callable[[], str], *, named_read_onl
         trace.gate_name, trace.gap_class = gate_name, gap
         if admission is not None:
             trace.took("admission_assessed", **admission)
-        record = ExecutionRecord(
-            action_key=None,
-            phase="at_trigger",
-            fixed=fixed,
-            fields=None,
-            advisory_notes="",
-            user_checklist=[],
-            unknown_count=None,
-            unverified_checklist_count=None,
-            gate=gate,
-            execution_decision="hold",
-            reason=reason,
-            timestamp=now,
-            admission=verdict,
-        )
-        return Decided(record, trace)
+        return Decided(hold_record(gate, reason, now, phase="at_trigger", fixed=fixed, admission=verdict), trace)
 
     if schema is None:
         return stop(
@@ -242,23 +220,34 @@ def decide_read(inp: PreflightInput, clock: Callable[[], str], *, named_read_onl
     )
 
 
-def decide_forward(inp: PreflightInput, clock: Callable[[], str], *, reason: str) -> Decided:
+def decide_forward(
+    inp: PreflightInput, clock: Callable[[], str], *, reason: str, shadow_of: str | None = None
+) -> Decided:
     """The run of a call forwarded unchanged in shadow mode: ``execute`` with the model's arguments (each a
     field marked as its proposal, as a read's are), unkeyed, so its recorded outcome is never a baseline.
-    `reason` says why it was forwarded (the shadow decision)."""
+    `reason` says why it was forwarded (the shadow decision); `shadow_of` names the judged run whose call
+    it forwards (its `run_started` member), so that the call is counted once and its outcome shown there."""
     tool = inp.tool
     now = clock()
-    fixed = Fixed(
-        c1_when_case="immediate",
-        c2_user_action_name=None,
-        c3_provider_action_name=tool.name,
-        c2_source=None,
-        c3_match=C3Match(approved=True, reason=reason),
-    )
-    trace = _judged(started_summary(None, inp), fixed, reason, tool.name)
+    fixed = _fixed(tool.name, reason)
+    started = started_summary(None, inp)
+    if shadow_of is not None:
+        started["shadow_of"] = shadow_of
+    trace = _judged(started, fixed, reason, tool.name)
     proposal = inp.proposed_arguments
     arguments = {str(k): v for k, v in proposal.items()} if isinstance(proposal, Mapping) else {}
     return _execute_with_proposal(trace, fixed, arguments, now, SHADOW_NOTE, f"execute: {reason}", None)
+
+
+def _fixed(tool_name: str, reason: str) -> Fixed:
+    """The fixed checklist of a run judged without a preflight: now, no user action named, the tool given."""
+    return Fixed(
+        c1_when_case="immediate",
+        c2_user_action_name=None,
+        c3_provider_action_name=tool_name,
+        c2_source=None,
+        c3_match=C3Match(approved=True, reason=reason),
+    )
 
 
 def _judged(started: dict[str, Any], fixed: Fixed, reason: str, tool_name: str) -> Trace:

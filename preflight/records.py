@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, get_args
 
+import orjson
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -20,6 +21,8 @@ from pydantic import (
     Tag,
     model_serializer,
 )
+
+from preflight.chain import plain_json
 
 RECORD_SCHEMA_VERSION = "1.12"
 """Record shape version. 1.8 is the reference skeleton's last shape (c2_source, c3_match,
@@ -97,6 +100,46 @@ class FieldRecord(BaseModel):
         if self.status == "unknown":
             data.pop("value", None)
         return _drop_none(data, ("pending_at_trigger", "lookup_failed", "note", "_diag_note", "proposal"))
+
+    def as_json(self) -> dict[str, Any]:
+        """`model_dump(mode="json")`, the same dict in the same key order, written directly for a value of
+        plain JSON (`preflight.chain.plain_json`; its containers copied): the decision path dumps each field
+        twice (for the policy hook and for its event), and the model's serializer costs ~10x this
+        (bench/README.md, engine). A test holds the two equal (`tests/unit/test_hot_path.py`)."""
+        d = self.__dict__
+        value = d["value"]
+        known = d["status"] != "unknown"
+        if known and value is not None and type(value) is not str:
+            if not plain_json(value):
+                dumped: dict[str, Any] = self.model_dump(mode="json")
+                return dumped
+            if type(value) in (dict, list):
+                try:
+                    value = orjson.loads(orjson.dumps(value))
+                except TypeError:  # a lone surrogate: as the model writes it
+                    dumped = self.model_dump(mode="json")
+                    return dumped
+        out: dict[str, Any] = {"name": d["name"]}
+        if known:
+            out["value"] = value
+        out["status"] = d["status"]
+        out["source"] = d["source"]
+        out["origin_source"] = d["origin_source"]
+        out["resolved_at"] = d["resolved_at"]
+        for name, key in _FIELD_OPTIONAL:
+            if d[name] is not None:
+                out[key] = d[name]
+        return out
+
+
+#: The optional members of a field's JSON (attribute, key), dropped when None.
+_FIELD_OPTIONAL = (
+    ("pending_at_trigger", "pending_at_trigger"),
+    ("lookup_failed", "lookup_failed"),
+    ("note", "note"),
+    ("diag_note", "_diag_note"),
+    ("proposal", "proposal"),
+)
 
 
 class C3Match(BaseModel):

@@ -12,6 +12,8 @@ Anything else a call returns (a plain value, a dict) is a success, as before.
 
 from __future__ import annotations
 
+import functools
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -71,17 +73,43 @@ def structured_content(result: Any) -> Any:
 
 def output_check(content: Any, schema: Mapping[str, Any] | None) -> str | None:
     """``valid``, or the first way `content` violates the tool's output `schema`; None when there is no
-    schema or no structured content to check."""
+    schema or no structured content to check. Each schema is checked and compiled once (`_output_checker`):
+    checking it against its metaschema on every call was a third of a gateway read's own time."""
     if schema is None or content is None:
         return None
-    from jsonschema import exceptions, validators
-
     try:
-        cls = validators.validator_for(dict(schema))
-        cls.check_schema(dict(schema))
-        error = exceptions.best_match(cls(dict(schema), format_checker=cls.FORMAT_CHECKER).iter_errors(content))
-    except exceptions.SchemaError as exc:
-        return f"the output schema is not a valid JSON Schema: {exc.message}"
+        text = json.dumps(schema, sort_keys=True, allow_nan=False)
+    except (TypeError, ValueError):
+        return _checked(_output_checker_of(dict(schema)), content)  # not JSON: checked as it is, uncached
+    return _checked(_output_checker(text), content)
+
+
+def _checked(checker: Any, content: Any) -> str:
+    from jsonschema import exceptions
+
+    if isinstance(checker, str):
+        return checker
+    try:
+        error = exceptions.best_match(checker.iter_errors(content))
     except Exception as exc:  # an unresolvable reference, a schema the library cannot use
         return f"the output schema cannot be checked: {type(exc).__name__}"
     return "valid" if error is None else f"violates the output schema: {error.message}"
+
+
+@functools.lru_cache(maxsize=256)
+def _output_checker(text: str) -> Any:
+    """The validator of the output schema `text` (canonical JSON), or why it cannot check anything."""
+    return _output_checker_of(json.loads(text))
+
+
+def _output_checker_of(schema: dict[str, Any]) -> Any:
+    from jsonschema import exceptions, validators
+
+    try:
+        cls = validators.validator_for(schema)
+        cls.check_schema(schema)
+        return cls(schema, format_checker=cls.FORMAT_CHECKER)
+    except exceptions.SchemaError as exc:
+        return f"the output schema is not a valid JSON Schema: {exc.message}"
+    except Exception as exc:  # a schema the library cannot use
+        return f"the output schema cannot be checked: {type(exc).__name__}"

@@ -33,7 +33,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from preflight.protect import ProtectionError, ValueErased, ValueProtector, is_sealed, token_of
+from preflight.protect import (
+    ProtectionError,
+    ValueErased,
+    ValueProtector,
+    has_sealed_part,
+    is_sealed,
+    replace_sealed_parts,
+    token_of,
+)
 from preflight.tokens import MIN_TOKEN_LENGTH, TokenListError, one_holder_per_token, token_entries
 from preflight_audit.errors import ConfigurationError
 
@@ -193,12 +201,17 @@ def _walk(value: Any, replace: Callable[[Any], Any]) -> Any:
     return value
 
 
+def _tokened(cell: Any) -> Any:
+    """An engine text with sealed parts (a reason that quotes the user) with each part as its token."""
+    return replace_sealed_parts(cell, lambda part: token_of(part) or "") if has_sealed_part(cell) else cell
+
+
 def analyst_rows(query: str, rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """The rows as an analyst may read them (module doc): no value, sealed or plaintext."""
     cells = VALUE_CELLS.get(query, {})
     out = []
     for row in rows:
-        shown = {c: _walk(v, redacted) for c, v in row.items() if c not in cells}
+        shown = {c: _walk(_tokened(v), redacted) for c, v in row.items() if c not in cells}
         protection: str | None = None
         for column in cells:
             if column not in row:
@@ -209,7 +222,7 @@ def analyst_rows(query: str, rows: Iterable[Mapping[str, Any]]) -> list[dict[str
                 if cells[column] == "value":
                     protection = "sealed" if sealed_in(cell) is not None else "redacted"
             else:
-                shown[column] = cell
+                shown[column] = _tokened(cell)
         out.append({c: shown[c] for c in row} | ({PROTECTION_COLUMN: protection} if cells else {}))
     return out
 
@@ -231,6 +244,12 @@ class _Opener:
             except ProtectionError:
                 continue  # another slot, or truly unreadable
         return UNREADABLE, UNREADABLE
+
+    def open_parts(self, text: str, run_id: Any, slots: Iterable[str]) -> str:
+        """An engine text with its sealed parts (the user's words in a reason, at ``<slot>/detail``) opened in
+        place: the engine's own words stay, and an erased part reads "erased"."""
+        details = [f"{slot}/detail" for slot in slots]
+        return replace_sealed_parts(text, lambda part: str(self.open(part, run_id, details)[0]))
 
 
 #: The protected slots of the fixed checklist's sealed cells in `responsibility` (slot, column -> slot).
@@ -269,6 +288,9 @@ def compliance_rows(
                 continue
             cell = row[column]
             sealed = sealed_in(cell)
+            if has_sealed_part(cell):
+                shown[column] = opener.open_parts(cell, row.get("run_id"), _slots(query, column, kind, row))
+                continue
             if sealed is None:
                 if kind == "value" and _holds_value(query, column, row):
                     protection = protection or "plaintext"
@@ -283,6 +305,8 @@ def compliance_rows(
         for column, value in list(shown.items()):
             if column in texts and sealed_in(value) is not None:
                 shown[column] = opener.open(sealed_in(value), row.get("run_id"), texts[column])[0]
+            elif column in texts and has_sealed_part(value):
+                shown[column] = opener.open_parts(value, row.get("run_id"), texts[column])
             elif column not in cells:
                 shown[column] = _walk(value, lambda sealed: UNREADABLE)
         out.append(shown | ({PROTECTION_COLUMN: protection} if cells else {}))

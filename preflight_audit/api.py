@@ -340,6 +340,15 @@ def create_app(
             await anyio.to_thread.run_sync(db.open, limiter=opening)
         return Health(status="ok", migrations=len(migrations()))
 
+    def found(con: duckdb.DuckDBPyConnection, who: Caller, name: str, **given: str | None) -> QueryAnswer:
+        """The answer of `name` narrowed by `given` (422 when the query's rule is not met); 404 when no
+        projected run matches."""
+        params = _narrowed(name, **given)
+        answer = _answer(con, name, params, who, protector)
+        if not answer.count:
+            raise HTTPException(status_code=404, detail=f"no projected run with {_described(params)}")
+        return answer
+
     @app.get("/provenance", response_model=QueryAnswer, tags=["compliance", "analyst"])
     def provenance(
         con: Connection,
@@ -351,11 +360,7 @@ def create_app(
         """Each field's value, where the run read it and who supplied it, for an action_key or a run
         (an inherited value traced to the executed run that first supplied it). Compliance: values
         opened; analyst: tokens and markers, never a value."""
-        params = _narrowed("provenance", action_key=action_key, run_id=run_id)
-        answer = _answer(con, "provenance", params, who, protector)
-        if not answer.count:
-            raise HTTPException(status_code=404, detail=f"no projected run with {_described(params)}")
-        return answer
+        return found(con, who, "provenance", action_key=action_key, run_id=run_id)
 
     @app.get("/responsibility", response_model=QueryAnswer, tags=["compliance", "analyst"])
     def responsibility(
@@ -367,11 +372,7 @@ def create_app(
     ) -> QueryAnswer:
         """Slot by slot, which party answered or blocked it and which gate decided, for an execute
         decision or a run. Compliance: values opened; analyst: tokens and markers, never a value."""
-        params = _narrowed("responsibility", decision_id=decision_id, run_id=run_id)
-        answer = _answer(con, "responsibility", params, who, protector)
-        if not answer.count:
-            raise HTTPException(status_code=404, detail=f"no projected run with {_described(params)}")
-        return answer
+        return found(con, who, "responsibility", decision_id=decision_id, run_id=run_id)
 
     @app.get("/gap-rates", response_model=QueryAnswer, tags=["compliance", "analyst"])
     def gap_rates(

@@ -44,7 +44,7 @@ from preflight_audit.errors import (
     UsageError,
     translate,
 )
-from preflight_audit.settings import Settings, load_settings
+from preflight_audit.settings import DEMO_OUT, Settings, demo_read_by_default, load_settings
 
 __all__ = ["app", "main"]
 
@@ -157,6 +157,18 @@ def _settings(ctx: typer.Context, **overrides: Any) -> Settings:
     return load_settings(options.settings_file, **overrides)
 
 
+def _reading(ctx: typer.Context, **overrides: Any) -> Settings:
+    """The settings of a command that reads the projections: with no database named and none at the default
+    path, the demo's (`preflight_audit.settings.reading_settings`), said on stderr."""
+    from preflight_audit.settings import reading_settings
+
+    options: _Options = ctx.obj
+    settings, note = reading_settings(options.settings_file, **overrides)
+    if note is not None:
+        _err().print(note, soft_wrap=True, highlight=False)
+    return settings
+
+
 def _fail(message: str, code: int) -> typer.Exit:
     _err().print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
     return typer.Exit(code)
@@ -229,9 +241,7 @@ def serve(
 @_reported
 def demo(
     ctx: typer.Context,
-    out: Annotated[Path, typer.Option("--out", help="where the chart, the database and the logs go")] = Path(
-        "demo-out"
-    ),
+    out: Annotated[Path, typer.Option("--out", help="where the chart, the database and the logs go")] = DEMO_OUT,
     sessions: Annotated[int, typer.Option(min=0, max=5000, help="generated sessions to play")] = 300,
     seed: Annotated[int, typer.Option(help="the generator's seed")] = 7,
     serve_console: Annotated[
@@ -253,8 +263,14 @@ def demo(
     from preflight_audit.services import interruptible
 
     settings = _settings(ctx)
+    options: _Options = ctx.obj
+    read_by_default = demo_read_by_default(options.settings_file, out)
     with interruptible():
-        result = run_demo(settings, DemoOptions(out=out, sessions=sessions, seed=seed), _out())
+        result = run_demo(
+            settings,
+            DemoOptions(out=out, sessions=sessions, seed=seed, read_by_default=read_by_default),
+            _out(),
+        )
         if serve_console:
             serve_demo_console(result, settings, _out(), port)
 
@@ -503,7 +519,10 @@ def query(
     value (tokens instead), compliance reads them opened with the key store ("erased" after `erase`).
     Run and decision ids may be given short, as tables show them.
 
-    Example: preflight-audit query provenance -p run_id=bbd253ab --as compliance --db demo-out/audit.duckdb
+    Without --db (and no PREFLIGHT_DATABASE or settings file naming one), the deployment's database is read,
+    or, while there is none, the one `preflight-audit demo` left in demo-out/ (said on stderr).
+
+    Example: preflight-audit query provenance -p run_id=bbd253ab --as compliance
     """
     if name is None:
         _list_queries()
@@ -513,7 +532,7 @@ def query(
     missing = named.narrowing_missing(params)
     if missing is not None:
         raise UsageError(f"{missing} (-p name=value): without one it would answer every run")
-    settings = _settings(ctx, database=db, key_dir=key_dir)
+    settings = _reading(ctx, database=db, key_dir=key_dir)
     if role is Role.compliance and key_dir is not None and not key_dir.is_dir():
         raise UsageError(
             f"--as compliance opens values with the key store, and {key_dir} is not a directory"
@@ -674,7 +693,7 @@ def export(
 
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} is a file: give a directory (the Parquet files go in it, one per table)")
-    settings = _settings(ctx, database=db)
+    settings = _reading(ctx, database=db)
     con = _open_read_only(settings.database)
     try:
         written = export_parquet(con, out)
@@ -793,7 +812,7 @@ def verify(
     from preflight_audit.keys import ledger_verify_keys, verify_database
     from preflight_audit.status import save_verify
 
-    settings = _settings(ctx, database=db)
+    settings = _reading(ctx, database=db)
     try:
         database = _existing(settings.database)
         keys = ledger_verify_keys(settings, public_key or [])

@@ -82,7 +82,7 @@ from preflight_audit.services import (
     wait_projected,
     worker_settings,
 )
-from preflight_audit.settings import Settings
+from preflight_audit.settings import DEMO_OUT, Settings
 from projections import Projector, log_end_offsets, open_database
 from streams.process import WorkerProcess
 
@@ -110,7 +110,10 @@ class DemoExpectationError(AuditCliError):
 class DemoOptions:
     """What to play and where to put the results."""
 
-    out: Path = Path("demo-out")
+    out: Path = DEMO_OUT
+    #: Whether the command line will read this demo's output without --db (`settings.demo_read_by_default`):
+    #: then the commands it suggests leave out --db, --key-dir and --public-key.
+    read_by_default: bool = False
     sessions: int = 300
     seed: int = 7
     concurrency: int = 12
@@ -167,7 +170,7 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> Demo
         with tempfile.TemporaryDirectory(prefix="preflight-demo-") as scratch:
             asyncio.run(_demo(settings, options, console, result, Topics.of(settings, suffix), Path(scratch)))
     result.seconds = time.monotonic() - started
-    _print_summary(console, result)
+    _print_summary(console, result, options.read_by_default)
     return result
 
 
@@ -598,7 +601,7 @@ def _shown(row: dict[str, Any]) -> str:
     return "" if row.get("value") is None and row.get("status") != "known" else json.dumps(row["value"])
 
 
-def _print_summary(console: Console, result: DemoReport) -> None:
+def _print_summary(console: Console, result: DemoReport, read_by_default: bool) -> None:
     played, projected, messages = result.played, result.projected, result.folded.get("messages", {})
     table = Table(title="Summary", title_justify="left", show_header=False)
     table.add_column(style="bold")
@@ -623,13 +626,15 @@ def _print_summary(console: Console, result: DemoReport) -> None:
     )
     keys = result.out / "keys"
     key = result.seeds[INHERITED].final.action_key if INHERITED in result.seeds else "..."
-    table.add_row(
-        "try",
-        f"preflight-audit query provenance -p action_key={key}"
-        f" --as compliance --key-dir {keys / 'values'} --db {result.database}\n"
-        f"preflight-audit verify --db {result.database} --public-key {keys / 'ledger.key.pub'}\n"
-        f"preflight-audit demo --serve (this, then the console on its data)",
-    )
+    if read_by_default:  # no deployment database yet: the command line reads this one without --db
+        tries = f"preflight-audit query provenance -p action_key={key} --as compliance\npreflight-audit verify\n"
+    else:
+        tries = (
+            f"preflight-audit query provenance -p action_key={key}"
+            f" --as compliance --key-dir {keys / 'values'} --db {result.database}\n"
+            f"preflight-audit verify --db {result.database} --public-key {keys / 'ledger.key.pub'}\n"
+        )
+    table.add_row("try", tries + "preflight-audit demo --serve (this, then the console on its data)")
     table.add_row("database", str(result.database))
     table.add_row("chart", str(result.chart))
     stopped = [f"broker pid {result.broker_pid}" if result.broker_pid else f"broker {result.broker} (not ours)"]

@@ -70,6 +70,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_SETTINGS_FILE",
+    "DEMO_DATABASE",
+    "DEMO_OUT",
     "ENV_PREFIX",
     "SETTINGS_FILE_VAR",
     "TEST_SUITE_VARIABLES",
@@ -77,10 +79,13 @@ __all__ = [
     "SettingRow",
     "SettingValueError",
     "Settings",
+    "demo_read_by_default",
     "env_var",
     "explain",
     "given_settings",
     "load_settings",
+    "reading_settings",
+    "reads_the_demo",
     "settings_file",
 ]
 
@@ -94,6 +99,11 @@ TEST_SUITE_VARIABLES: Final[Mapping[str, str]] = {
     "PREFLIGHT_SOAK_CYCLES": "kill cycles per fault test of tests/reliability (default 20; make soak: 50)",
     "PREFLIGHT_FAULT_SEED": "replays the kill points of one reliability run (default: a fresh seed, printed)",
 }
+
+#: Where `preflight-audit demo` leaves its database (``audit.duckdb``) and keys (``keys/``) unless ``--out``
+#: says otherwise; the reading commands fall back to it (`reading_settings`).
+DEMO_OUT: Final = Path("demo-out")
+DEMO_DATABASE: Final = DEMO_OUT / "audit.duckdb"
 
 Origin = Literal["default", "environment", "settings file", "command line"]
 
@@ -208,6 +218,56 @@ def load_settings(file: Path | None = None, **overrides: Any) -> Settings:
     :raises ConfigurationError: naming each unusable setting, or an unreadable settings file.
     """
     return _load(settings_file(file), {k: v for k, v in overrides.items() if v is not None})
+
+
+def _named(path: Path | None, given: Mapping[str, Any]) -> set[str]:
+    """The settings someone named: on the command line (`given`), in a ``PREFLIGHT_*`` variable or in the
+    settings file at `path`; the rest are at their defaults."""
+    from_env = Variables(Settings, None)()
+    from_file = TomlConfigSettingsSource(Settings, toml_file=path)() if path is not None else {}
+    return set(given) | set(from_env) | set(from_file)
+
+
+def reads_the_demo(settings: Settings, named: set[str]) -> bool:
+    """Whether a reading command falls back to the demo's database: nobody named a database (nor a lake),
+    and no deployment database exists at the default path. The demo's output itself need not exist yet."""
+    default = SettingFields.model_fields["database"].default
+    return not {"database", "lake_catalog"} & named and settings.database == default and not settings.database.exists()
+
+
+def demo_read_by_default(file: Path | None, out: Path) -> bool:
+    """Whether the reading commands will read, without ``--db``, the database of a demo that writes to
+    `out` (`reading_settings`): so the demo can print its commands without it."""
+    path = settings_file(file)
+    return out.resolve() == DEMO_OUT.resolve() and reads_the_demo(_load(path, {}), _named(path, {}))
+
+
+def reading_settings(file: Path | None = None, **overrides: Any) -> tuple[Settings, str | None]:
+    """The settings of a command that reads the projections (query, export, verify): `load_settings`'s,
+    except when `reads_the_demo` and the demo's database (`DEMO_DATABASE`) exists: then that database is
+    read, with the demo's key store (``keys/values``) and ledger key (``keys/ledger.key.pub``) where
+    nobody named those either. The second value says so on the reader's behalf (None: the settings as
+    they are). Nothing is ever written to the demo's files or to a deployment's by this choice; once a
+    deployment's database exists at the default path (``serve`` made it), that one is read again.
+
+    :raises ConfigurationError: as `load_settings`.
+    """
+    path = settings_file(file)
+    given = {k: v for k, v in overrides.items() if v is not None}
+    settings = _load(path, given)
+    named = _named(path, given)
+    if not (reads_the_demo(settings, named) and DEMO_DATABASE.is_file()):
+        return settings, None
+    update: dict[str, Any] = {"database": DEMO_DATABASE}
+    if "key_dir" not in named:
+        update["key_dir"] = DEMO_OUT / "keys" / "values"
+    if not {"ledger_public_key_file", "ledger_key_file", "ledger_public_key"} & named:
+        update["ledger_public_key_file"] = str(DEMO_OUT / "keys" / "ledger.key.pub")
+    note = (
+        f"no deployment database at {settings.database} and none named: reading the demo's, {DEMO_DATABASE}"
+        " (--db or PREFLIGHT_DATABASE to read another)"
+    )
+    return settings.model_copy(update=update), note
 
 
 def _load(path: Path | None, given: Mapping[str, Any]) -> Settings:

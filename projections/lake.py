@@ -253,9 +253,10 @@ class Lake:
             self.catalog.create_namespace_if_not_exists(self.namespace)
         for table in LAKE_TABLES:
             identifier = (self.namespace, table)
-            if self.catalog.table_exists(identifier):
-                continue
             schema = arrow_schema(table)
+            if self.catalog.table_exists(identifier):
+                self._add_new_columns(table, schema)
+                continue
             spec = PartitionSpec()
             converted = self.catalog._convert_schema_if_needed(schema)
             if table in _BY_DAY:
@@ -263,6 +264,24 @@ class Lake:
                 spec = PartitionSpec(PartitionField(day, 1000, IdentityTransform(), "lake_day"))
             with contextlib.suppress(TableAlreadyExistsError):
                 self.catalog.create_table(identifier, schema=converted, partition_spec=spec)
+
+    def _add_new_columns(self, name: str, schema: pa.Schema, attempts: int = 20) -> None:
+        """Give a table made by an earlier version the columns a later migration added (nullable; the
+        files written before read them as NULL, see `_source`). Another writer evolving it at the same time
+        makes this try again on the table it committed."""
+        from pyiceberg.exceptions import CommitFailedException
+
+        for _ in range(attempts):
+            table = self.table(name)
+            if set(schema.names) <= {f.name for f in table.schema().fields}:
+                return
+            try:
+                with table.update_schema() as update:
+                    update.union_by_name(self.catalog._convert_schema_if_needed(schema))
+                return
+            except CommitFailedException:
+                time.sleep(random.uniform(0.0, 0.05))
+        raise LakeError(f"cannot add the new columns of the lake's {name}: other writers kept moving it")
 
     def table(self, name: str) -> Any:
         return self.catalog.load_table((self.namespace, name))
@@ -438,7 +457,12 @@ def _source(snapshot: LakeSnapshot, table: str) -> str:
         empty = ", ".join(f"CAST(NULL AS {k}) AS {_ident(n)}" for n, k in columns_of(table))
         return f"(SELECT {empty} WHERE false)"
     listed = ", ".join("'" + f.replace("'", "''") + "'" for f in files)
-    return f"(SELECT {typed} FROM read_parquet([{listed}]))"
+    # Files written before a column was added lack it: read by name, and the empty row set that names
+    # every column gives those rows NULL there.
+    stored = ", ".join(f"CAST(NULL AS {_stored_type(k)}) AS {_ident(n)}" for n, k in columns_of(table))
+    read = f"SELECT * FROM read_parquet([{listed}], union_by_name = true)"
+    every = f"(SELECT {stored} WHERE false) UNION ALL BY NAME ({read})"
+    return f"(SELECT {typed} FROM ({every}))"
 
 
 def open_lake(lake: Lake, as_of: dt.datetime | None = None) -> tuple[duckdb.DuckDBPyConnection, LakeSnapshot]:
@@ -509,7 +533,7 @@ def new_rows(
         "gap_daily": "SELECT CAST(timezone('UTC', r.started_at) AS DATE) AS day, r.tool, r.agent_id, count(*) AS runs,"
         " count(*) FILTER (WHERE r.decision = 'execute') AS executes, "
         + ", ".join(f"count(*) FILTER (WHERE r.gap_class = '{c}') AS {c}s" for c in _GAP_CLASSES)
-        + f", {run_day} AS lake_day FROM runs AS r {since_join.replace('t.', 'r.')}"
+        + f", {run_day} AS lake_day FROM counted_runs AS r {since_join.replace('t.', 'r.')}"
         f' WHERE coalesce(s.o, 0) <= r."offset" AND r.topic = $topic GROUP BY ALL',
         "consumer_offsets": "SELECT projection, topic, partition, next_offset, CAST(updated_at AS TIMESTAMPTZ)"
         " AS updated_at FROM consumer_offsets WHERE projection = $projection AND topic = $topic",

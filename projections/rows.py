@@ -174,6 +174,7 @@ RUNS = TableSpec(
         ("decision_signature_check", _S),
         ("decision_signature_problem", _S),
         ("readable_action_key", _S),  # sealed in a protected run (migration 007)
+        ("shadow_of", _S),  # the judged run a shadow-mode forward forwards (migration 016)
     ),
     # the outcome by the planner (an outcome event in the batch, or a stored run's update); the signature's
     # verdict by `projections.signatures.check_decisions`
@@ -654,6 +655,7 @@ def _run_columns(parts: _RunParts) -> tuple[Columns, list[StoredRun]]:
         "decision_tool": tools,
         **signed,
         "readable_action_key": [m.get("readable_action_key") if m is not None else None for m in matched],
+        "shadow_of": [s.get("shadow_of") for s in started],
     }
     issued = [v if type(v) is str else None for v in signed["decision_issued_at"]]
     expires = [v if type(v) is str else None for v in signed["decision_expires_at"]]

@@ -12,6 +12,7 @@
 --   009_projector_starts.sql
 --   010_answer_origin.sql
 --   013_gap_day_counts.sql
+--   016_shadow_of.sql
 
 -- table archive
 CREATE TABLE archive (
@@ -203,7 +204,8 @@ CREATE TABLE runs (
     decision_signature VARCHAR,
     decision_signature_check VARCHAR,
     decision_signature_problem VARCHAR,
-    readable_action_key VARCHAR
+    readable_action_key VARCHAR,
+    shadow_of VARCHAR
 );
 
 -- table schema_migrations
@@ -242,6 +244,21 @@ SELECT
     note
 FROM field_provenance;
 
+-- view counted_runs
+CREATE VIEW counted_runs AS
+SELECT
+    run_id,
+    started_at,
+    ingested_at,
+    tool,
+    agent_id,
+    decision,
+    gap_class,
+    topic,
+    "partition",
+    "offset"
+FROM runs WHERE (shadow_of IS NULL);
+
 -- view gap_day_counts
 CREATE VIEW gap_day_counts AS
 SELECT
@@ -255,7 +272,7 @@ SELECT
     count_star() FILTER (WHERE (gap_class = 'configuration_defect')) AS configuration_defects,
     count_star() FILTER (WHERE (gap_class = 'unmet_condition')) AS unmet_conditions,
     count_star() FILTER (WHERE (gap_class = 'internal_error')) AS internal_errors
-FROM runs GROUP BY ALL;
+FROM counted_runs GROUP BY ALL;
 
 -- index field_provenance_action_key
 CREATE INDEX field_provenance_action_key ON field_provenance(action_key);

@@ -1,7 +1,8 @@
 -- gap_rates: instruction-gap vs action-definition-gap rates, and the other gap classes, by UTC day,
 -- tool (as the runtime selected it) and agent. The denominator is every run in the group, whatever
 -- its decision; a run counts in at most one class (the gate that stopped it, `runs.gap_class`, written
--- with the run: no join), counted in `gap_day_counts`.
+-- with the run: no join), counted in `gap_day_counts`. A shadow-mode call counts once, as its judged run:
+-- the run of the call forwarded in its stead is not counted (`counted_runs`, migration 016).
 -- param from_day DATE optional: first UTC day included
 -- param to_day DATE optional: last UTC day included
 WITH

@@ -698,7 +698,10 @@ class GuardedSession:
         name = str(tool["name"])
         why = f"shadow: decided {judged.execution_decision}, forwarded unchanged"
         try:
-            state = await self.preflight.record_forward(self._unkeyed_input(tool, proposal), reason=why)
+            judged_run = judged.run_ref.run_id if judged.run_ref is not None else None
+            state = await self.preflight.record_forward(
+                self._unkeyed_input(tool, proposal), reason=why, shadow_of=judged_run
+            )
         except RecordingError as exc:
             return GuardedOutcome("held", name, reason=f"fail closed: the forwarded call was not recorded ({exc})")
         done = await self._execute(state, tool)

@@ -11,6 +11,16 @@ server; across a failover to a replica only with synchronous replication
 Connections: one per store, opened on the first claim (or by `start`), re-opened after a failure; a
 store that cannot reach its database raises `ReplayStoreError` and the engine calls nothing. Needs the
 ``postgres`` extra (``psycopg``).
+
+A busy store is waited for, within bounds: each statement waits at most ``lock_timeout_s`` for a lock
+(the session's ``lock_timeout``; without it a claim behind a long-held lock would wait for ever), and a
+claim that the server refuses *because it is busy* -- a lock wait that timed out, a statement cancelled
+by a timeout, a deadlock or serialization failure (`BUSY_SQLSTATES`) -- is tried again, with a growing
+pause, until ``busy_timeout_s`` has passed since the claim began; then it fails closed
+(`ReplayStoreError`). Those refusals are the server's word that the statement did not take
+effect, so trying it again cannot claim twice. Anything else -- a refused, timed-out or lost connection,
+an unknown error -- fails closed at once: a connection lost after the insert was sent leaves it unknown
+whether the claim was written, and only a fresh decision may be tried then.
 """
 
 from __future__ import annotations
@@ -18,16 +28,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+import time
 from datetime import datetime
-from typing import Any
+from typing import Any, Final
 
 from preflight.adapters.replay_file import ReplayStoreError
 from preflight.replay import DecisionClaim, refused
 
-__all__ = ["PostgresReplayStore"]
+__all__ = ["BUSY_SQLSTATES", "PostgresReplayStore"]
 
 DEFAULT_TABLE = "preflight_decision_claims"
 _IDENTIFIER = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+#: The SQLSTATEs of a server that is alive but busy, whose statement did not take effect: lock_not_available
+#: (``lock_timeout``), query_canceled (``statement_timeout``), serialization_failure, deadlock_detected.
+#: (A connection the server turns away carries no SQLSTATE in psycopg, so it is not among them.)
+BUSY_SQLSTATES: Final = frozenset({"55P03", "57014", "40001", "40P01"})
+_FIRST_PAUSE_S = 0.02
+_LONGEST_PAUSE_S = 0.5
 
 
 class PostgresReplayStore:
@@ -37,13 +54,26 @@ class PostgresReplayStore:
     INSERT, SELECT and DELETE on the table always.
     """
 
-    def __init__(self, conninfo: str, *, table: str = DEFAULT_TABLE) -> None:
+    def __init__(
+        self,
+        conninfo: str,
+        *,
+        table: str = DEFAULT_TABLE,
+        busy_timeout_s: float = 10.0,
+        lock_timeout_s: float = 2.0,
+    ) -> None:
         if not _IDENTIFIER.fullmatch(table):
             raise ValueError(f"the claims table must be a plain lower-case identifier, not {table!r:.80}")
+        if not (0 <= busy_timeout_s <= 600 and 0.001 <= lock_timeout_s <= 600):
+            raise ValueError("busy_timeout_s must be within 0..600 s and lock_timeout_s within 0.001..600 s")
         self._conninfo = conninfo
         self._table = table
+        self._busy_timeout_s = busy_timeout_s
+        self._lock_timeout_ms = max(1, round(lock_timeout_s * 1000))
         self._connection: Any = None
         self._lock = asyncio.Lock()
+        #: How many times a claim found the store busy and tried again (for operators and tests).
+        self.busy_retries = 0
 
     def __repr__(self) -> str:
         return f"PostgresReplayStore(table={self._table!r})"
@@ -68,9 +98,12 @@ class PostgresReplayStore:
             raise ReplayStoreError("PostgresReplayStore needs psycopg: install preflight-audit[postgres]") from exc
         try:
             self._connection = await psycopg.AsyncConnection.connect(self._conninfo, autocommit=True)
+            await self._connection.execute(
+                "SELECT set_config('lock_timeout', %s, false)", (f"{self._lock_timeout_ms}ms",)
+            )
             await self._create_table(psycopg)
         except psycopg.Error as exc:
-            self._connection = None
+            await self._drop()
             raise ReplayStoreError(f"the replay store's database cannot be used: {type(exc).__name__}") from exc
         return self._connection
 
@@ -93,6 +126,28 @@ class PostgresReplayStore:
             )
 
     async def claim(self, claim: DecisionClaim) -> str | None:
+        """None when this claim won the nonce; else the refusal naming the claim that did.
+
+        :raises ReplayStoreError: the store cannot be reached, or stayed busy for ``busy_timeout_s``.
+        """
+        deadline = time.monotonic() + self._busy_timeout_s
+        pause = _FIRST_PAUSE_S
+        while True:
+            try:
+                return await self._claim_once(claim)
+            except ReplayStoreError as exc:
+                busy = _sqlstate(exc.__cause__) in BUSY_SQLSTATES
+                if not busy or time.monotonic() + pause > deadline:
+                    if busy:
+                        raise ReplayStoreError(
+                            f"the replay store stayed busy for {self._busy_timeout_s:g} s: {exc}"
+                        ) from exc.__cause__
+                    raise
+            self.busy_retries += 1
+            await asyncio.sleep(pause)  # a pause before trying a busy store again, bounded by the deadline
+            pause = min(pause * 2, _LONGEST_PAUSE_S)
+
+    async def _claim_once(self, claim: DecisionClaim) -> str | None:
         import psycopg
 
         async with self._lock:
@@ -121,7 +176,8 @@ class PostgresReplayStore:
                 )
                 row = await cursor.fetchone()
             except psycopg.Error as exc:
-                await self._drop()
+                if _sqlstate(exc) not in BUSY_SQLSTATES:  # a busy server's connection is still good
+                    await self._drop()
                 raise ReplayStoreError(f"a claim could not be written: {type(exc).__name__}") from exc
         if row is None:  # pragma: no cover - the row that refused the insert was deleted since (pruned)
             return refused(None)
@@ -141,3 +197,8 @@ class PostgresReplayStore:
                 await self._connection.close()
             finally:
                 self._connection = None
+
+
+def _sqlstate(error: BaseException | None) -> str | None:
+    """The SQLSTATE the server gave for `error` (a psycopg error), or None (no server answer)."""
+    return getattr(error, "sqlstate", None)

@@ -172,6 +172,9 @@ def cursor(request: Request, who: Reader) -> Any:
 
 
 Cursor = Annotated[duckdb.DuckDBPyConnection, Depends(cursor)]
+#: A time range's two ends as the search, gap and export forms send them (``from``, ``to``), parsed by each page.
+Since = Annotated[str | None, Query(alias="from", max_length=40)]
+Until = Annotated[str | None, Query(alias="to", max_length=40)]
 
 
 def heavy(request: Request) -> Iterator[None]:
@@ -328,8 +331,8 @@ def search(
     agent: Text = None,
     tool: Text = None,
     decision: Text = None,
-    since: Annotated[str | None, Query(alias="from", max_length=40)] = None,
-    until: Annotated[str | None, Query(alias="to", max_length=40)] = None,
+    since: Since = None,
+    until: Until = None,
     page: Annotated[int | None, Query(ge=1, le=1_000_000)] = None,
 ) -> Response:
     """Runs by action_key (or a part of one), user, agent, tool, decision and time range, newest first."""
@@ -508,6 +511,7 @@ def run_page(
     fields = who.rows("provenance", _run(con, "provenance", run_id=run_id))
     slots = [_field_answer(s) for s in who.rows("responsibility", _run(con, "responsibility", run_id=run_id))]
     effects = _run(con, "effects", run_id=run_id)  # a call whose effect was unknown, and its read-back
+    forwards = _run(con, "shadow_forwards", run_id=run_id)  # shadow mode: what the forwarded call did
     csv = _csv(request, {"fields": (_FIELD_COLUMNS, fields), "responsibility": (_columns(slots), slots)})
     if csv is not None:
         return csv
@@ -522,6 +526,7 @@ def run_page(
         steps=pages.run_steps(run, fields),
         gate=pages.gate_in_words(run),
         effects=effects,
+        forwards=forwards,
     )
 
 
@@ -558,8 +563,8 @@ def gaps(
     who: Reader,
     con: Cursor,
     _: Annotated[None, Heavy],
-    since: Annotated[str | None, Query(alias="from", max_length=40)] = None,
-    until: Annotated[str | None, Query(alias="to", max_length=40)] = None,
+    since: Since = None,
+    until: Until = None,
 ) -> Response:
     """Every gap class per tool, agent and day: SVG charts, with their numbers in tables beside them."""
     try:
@@ -690,8 +695,8 @@ def export(
     who: Compliance,
     con: Cursor,
     _: Annotated[None, Heavy],
-    since: Annotated[str | None, Query(alias="from", max_length=40)] = None,
-    until: Annotated[str | None, Query(alias="to", max_length=40)] = None,
+    since: Since = None,
+    until: Until = None,
 ) -> Response:
     """The runs started in a time range, with their fields, items, gates, outcomes and events, as Parquet
     files in one zip -- streamed: the files are written to disk, then zipped as they are sent, so memory

@@ -274,3 +274,47 @@ _CLASSES = (
     "unmet_conditions",
     "internal_errors",
 )
+
+
+class TestALakeFromAnEarlierVersion:
+    def test_a_column_added_since_is_added_to_the_table_and_reads_null_in_the_files_before_it(
+        self, catalog_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A lake written by a version before a migration added a column to `runs` (here the newest,
+        `shadow_of`): opening it now adds the column, the row written then reads NULL there, and a row
+        written now keeps its value."""
+        from projections import lake as lake_module
+
+        namespace = f"old{abs(hash(str(tmp_path))) % 10**8}"
+        new = lake_module.arrow_schema("runs")
+        added = "shadow_of"
+        old = new.remove(new.get_field_index(added))
+        with monkeypatch.context() as earlier:  # the earlier version's table shape, and a commit of it
+            shape = lake_module.arrow_schema
+            earlier.setattr(lake_module, "arrow_schema", lambda table: old if table == "runs" else shape(table))
+            Lake(catalog_url, tmp_path / "lake", namespace=namespace).commit(
+                {"runs": _row(old, "old-run")}, kind="batch"
+            )
+
+        lake = Lake(catalog_url, tmp_path / "lake", namespace=namespace)
+        assert added in {f.name for f in lake.table("runs").schema().fields}
+        now = _row(new, "new-run")
+        lake.commit({"runs": now.set_column(new.get_field_index(added), added, pa.array(["judged"]))}, kind="batch")
+        con, _ = open_lake(lake)
+        try:
+            got = con.execute(f'SELECT run_id, "{added}" FROM runs ORDER BY run_id').fetchall()
+        finally:
+            con.close()
+        assert [(str(r), v) for r, v in got] == [(_RUN_IDS["old-run"], None), (_RUN_IDS["new-run"], "judged")]
+
+
+_RUN_IDS = {"new-run": "00000000-0000-4000-8000-000000000002", "old-run": "00000000-0000-4000-8000-000000000001"}
+
+
+def _row(schema: pa.Schema, name: str) -> pa.Table:
+    """One row of `schema`: its run id named by `name`, the day's partition set, every other column NULL."""
+    values: dict[str, list[object]] = {f.name: [None] for f in schema}
+    values["run_id"] = [_RUN_IDS[name]]
+    if "lake_day" in values:
+        values["lake_day"] = [dt.date(2026, 1, 1)]
+    return pa.table(values, schema=schema)

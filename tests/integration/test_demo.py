@@ -294,6 +294,45 @@ class TestTheDemo:
         assert verified.returncode == 0, verified.stdout + verified.stderr
         assert verified.stdout.startswith("OK: ")
 
+    def test_a_newcomer_queries_and_verifies_the_demo_without_db(self, demo: Demo, tmp_path: Path) -> None:
+        """Where the demo ran (its output in ``demo-out/``, no deployment database in ``var/``, nothing named),
+        the commands it suggests read its database, key store and ledger key without --db, --key-dir or
+        --public-key, and say so on stderr; once a deployment database exists, that one is read instead."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PREFLIGHT_")}
+
+        def cli(*args: str, cwd: Path = demo.out.parent) -> subprocess.CompletedProcess[str]:
+            return subprocess.run([CLI, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
+
+        suggested = demo.section("Summary")
+        assert "preflight-audit verify --" not in suggested and "--db" not in suggested, suggested
+        assert re.search(r"preflight-audit query provenance -p action_key=ak1\.[0-9a-f]{32} --as compliance", suggested)
+
+        gaps = cli("query", "gap_rates", "--format", "json")
+        assert gaps.returncode == 0, gaps.stderr
+        assert sum(row["runs"] for row in json.loads(gaps.stdout)) == int(demo.row("runs")[1].split()[0])
+        assert "reading the demo's, demo-out/audit.duckdb" in gaps.stderr
+        landlord = re.search(r"-p action_key=(ak1\.[0-9a-f]{32})", suggested)
+        assert landlord
+        provenance = cli("query", "provenance", "-p", f"action_key={landlord[1]}", "--as", "compliance", "-f", "json")
+        assert provenance.returncode == 0, provenance.stderr
+        assert "warning" not in provenance.stderr  # the demo's key store opened every value
+        assert "2200119" in {r["value"] for r in json.loads(provenance.stdout) if r["field"] == "to_account"}
+        verified = cli("verify")
+        assert verified.returncode == 0, verified.stdout + verified.stderr
+        assert verified.stdout.startswith("OK: ")
+
+        # A deployment's database at the default path is read, never the demo's over it.
+        (tmp_path / "demo-out").symlink_to(demo.out)
+        from projections import open_database
+
+        (tmp_path / "var").mkdir()
+        open_database(tmp_path / "var" / "preflight.duckdb").close()
+        deployed = cli("query", "gap_rates", "--format", "json", cwd=tmp_path)
+        assert deployed.returncode == 0, deployed.stderr
+        assert json.loads(deployed.stdout) == [] and "demo" not in deployed.stderr
+        named = cli("query", "gap_rates", "--format", "json", "--db", str(tmp_path / "none.duckdb"))
+        assert named.returncode == 1 and "no projection database at" in named.stderr  # a named one is not replaced
+
     def test_nothing_is_left_running(self, demo: Demo) -> None:
         worker = demo.pid("worker")
         assert gone(worker), f"worker pid {worker} still runs"

@@ -188,6 +188,7 @@ class TestNamesAndParameters:
             "reask_loops",
             "responsibility",
             "runs_search",
+            "shadow_forwards",
         ]
 
     @pytest.mark.parametrize("name", queries.names())

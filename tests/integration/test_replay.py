@@ -9,13 +9,17 @@ store: its reach is one engine, and the race does execute twice -- the race is r
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
 import time
+import uuid
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
+import psycopg
 import pytest
 
 from infra.postgres import PostgresServer
@@ -115,5 +119,58 @@ class TestPostgresReplayStore(ReplayStoreContract):
         from tests.contract.replay_contract import claim
 
         store = PostgresReplayStore("host=127.0.0.1 port=1 user=postgres connect_timeout=2")
-        with pytest.raises(ReplayStoreError):
+        with pytest.raises(ReplayStoreError, match="cannot be used"):
             await store.claim(claim())
+        assert store.busy_retries == 0  # unreachable is not busy: it fails closed at once
+
+    @staticmethod
+    async def _busy(postgres: PostgresServer, table: str) -> psycopg.AsyncConnection[Any]:
+        """Another session that holds the claims table locked (an open transaction) until it rolls back."""
+        holder = await psycopg.AsyncConnection.connect(postgres.conninfo)
+        await holder.execute(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")
+        return holder
+
+    async def test_a_busy_store_is_waited_for_and_the_claim_then_wins(self, postgres: PostgresServer) -> None:
+        from tests.contract.replay_contract import claim
+
+        table = f"claims_{uuid.uuid4().hex[:12]}"
+        store = PostgresReplayStore(postgres.conninfo, table=table, busy_timeout_s=120, lock_timeout_s=0.05)
+        await store.start()
+        holder = await self._busy(postgres, table)
+        try:
+            first = claim()
+            claiming = asyncio.create_task(store.claim(first))
+            deadline = time.monotonic() + 60
+            while store.busy_retries < 2:  # the store found the table locked, twice, and is still trying
+                assert not claiming.done(), claiming.result()
+                assert time.monotonic() < deadline, "the claim never found the store busy"
+                await asyncio.sleep(0.01)  # polling interval of a bounded wait
+            await holder.rollback()  # the store is free again
+            assert await asyncio.wait_for(claiming, 60) is None  # won, once the lock was gone
+            assert await store.claim(claim(first.nonce)) is not None  # and written: a second claim is refused
+        finally:
+            await holder.close()
+            await store.close()
+
+    async def test_a_store_busy_past_the_deadline_fails_closed_and_writes_nothing(
+        self, postgres: PostgresServer
+    ) -> None:
+        from preflight.adapters.replay_file import ReplayStoreError
+        from tests.contract.replay_contract import claim
+
+        table = f"claims_{uuid.uuid4().hex[:12]}"
+        store = PostgresReplayStore(postgres.conninfo, table=table, busy_timeout_s=0.5, lock_timeout_s=0.05)
+        await store.start()
+        holder = await self._busy(postgres, table)
+        try:
+            first = claim()
+            with pytest.raises(ReplayStoreError, match="stayed busy"):
+                await asyncio.wait_for(store.claim(first), 60)
+            assert store.busy_retries >= 1
+        finally:
+            await holder.rollback()
+            await holder.close()
+        try:
+            assert await store.claim(first) is None  # nothing was written by the refused claim
+        finally:
+            await store.close()

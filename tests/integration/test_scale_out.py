@@ -95,6 +95,7 @@ def _parameters(con: duckdb.DuckDBPyConnection) -> list[tuple[str, dict[str, Any
         ("dead_letters", {}),
         ("readable_actions", {}),
         ("effects", {}),
+        ("shadow_forwards", {}),
         ("runs_search", whole),
     ]
     asked += [("gap_rates", {"from_day": d, "to_day": d}) for d in days]

@@ -14,8 +14,9 @@ from hypothesis import strategies as st
 
 from preflight import fold
 from preflight.fold import RECENT_RUNS_PER_KEY
+from preflight.testing import rechained
 from tests.unit.test_fold import KEY, Log, history
-from tests.unit.test_fold_storage import Worker, comparable, rechained, recovered
+from tests.unit.test_fold_storage import Worker, comparable, recovered
 
 HISTORY = asyncio.run(history())
 

@@ -1,14 +1,17 @@
-"""The decision path's plain data is held to the event models (`preflight.engine.Trace`).
+"""The decision path's plain data is held to the event models (`preflight.engine.Trace`, `preflight.events.seal`).
 
 The decision path records each step's event as a plain payload (`Trace.took`), sealed later into the
 event's model; the models stay the one definition of each event (and the source of the JSON Schema). Here
 every payload a run records, down every path of the decision, is exactly its model's members: none it does
 not have, none of its required ones missing, each value already of its JSON type (strict validation: the
-seal coerces nothing). And the shortcuts the hot path takes compute what they stand for.
+seal coerces nothing). The events a run seals are assembled from those payloads without validation
+(`seal(..., built=True)`): each is the very model strict validation of its published bytes gives, and those
+bytes are its dump's canonical form. And the shortcuts the hot path takes compute what they stand for.
 """
 
 from __future__ import annotations
 
+import json
 import unicodedata
 from typing import Any
 
@@ -16,11 +19,21 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from preflight import MemoryStorage, create_preflight
 from preflight import scenario as sc
 from preflight.engine import Decided, Trace
-from preflight.events import EVENT_ADAPTER, Envelope
+from preflight.errors import EffectUnknownError
+from preflight.events import (
+    EVENT_ADAPTER,
+    Envelope,
+    encode_event,
+    event_canonical_json,
+    seal,
+    verify_event_hash,
+)
 from preflight.fingerprint import normalise
-from preflight.records import RECORD_SCHEMA_VERSION
+from preflight.records import RECORD_SCHEMA_VERSION, FieldRecord
+from preflight.signing import DecisionSigner
 
 ENVELOPE: dict[str, Any] = {
     "event_id": "00000000-0000-4000-8000-000000000000",
@@ -104,6 +117,59 @@ async def test_the_steps_come_in_the_decision_paths_order() -> None:
     ]
 
 
+def _held_to_its_model(events: Any) -> None:
+    """Each event is what strict validation of its published bytes gives, and those bytes are its dump's."""
+    for event in events:
+        published = encode_event(event)
+        validated = EVENT_ADAPTER.validate_python(json.loads(published), strict=True)
+        assert type(validated) is type(event)
+        assert validated == event
+        assert validated.model_dump(mode="json") == event.model_dump(mode="json")
+        assert event_canonical_json(event.model_dump(mode="json")) == published
+        assert verify_event_hash(event)
+
+
+@pytest.mark.parametrize("path", sorted(PATHS))
+async def test_every_event_a_run_seals_is_its_models_validation(path: str) -> None:
+    hooks, given = PATHS[path]
+    state = await sc.engine(**hooks).run_and_record(sc.transfer(**given))
+    assert len(state.run_events) > 2
+    _held_to_its_model(state.run_events)
+
+
+def _fails(name: str, args: Any) -> Any:
+    raise RuntimeError("the provider refused")
+
+
+def _times_out(name: str, args: Any) -> Any:
+    raise EffectUnknownError("no answer", "timeout")
+
+
+@pytest.mark.parametrize("call", [lambda name, args: {"ok": True}, _fails, _times_out], ids=["ok", "fails", "unknown"])
+async def test_every_outcome_and_read_back_is_its_models_validation(call: Any) -> None:
+    signer = DecisionSigner.generate()
+    pf = create_preflight(sc.hooks(), MemoryStorage(), signer=signer)
+    state = await pf.run_and_record(sc.transfer(user_answers=sc.READY_ANSWERS))
+    assert state.execution_decision == "execute", state.reason
+    assert state.run_events[-2].signature is not None  # the one nested model, validated
+    outcome = await pf.execute_if_ready(state, sc.BANK_TOOL, call)
+    events = list(outcome.state.run_events)
+    if outcome.status == "effect_unknown":
+        settled = await pf.settle_effect(outcome.state, took_effect=True, basis="user", reason="the user said")
+        events = list(settled.run_events)
+        assert events[-1].event_type == "effect_read_back"
+    _held_to_its_model(events)
+
+
+def test_a_body_that_is_not_its_models_members_is_validated_and_refused() -> None:
+    body = {**ENVELOPE, "event_type": "run_closed", "decision": "execute", "event_count": 1, "last_hash": "0" * 64}
+    del body["hash"]
+    with pytest.raises(ValueError, match="record"):  # a required member missing: pydantic names it
+        seal(body, built=True)
+    with pytest.raises(ValueError, match="surplus"):
+        seal({**body, "record": {}, "surplus": 1}, built=True)
+
+
 def _normalised_char_by_char(text: str) -> str:
     folded = unicodedata.normalize("NFKC", text).lower()
     return "".join(ch for ch in folded if not ch.isspace() and unicodedata.category(ch)[0] not in "PSZ")
@@ -113,3 +179,54 @@ def _normalised_char_by_char(text: str) -> str:
 @given(st.text(st.characters(max_codepoint=127)) | st.text())
 def test_the_fingerprints_ascii_shortcut_normalises_as_every_character_is(text: str) -> None:
     assert normalise(text) == _normalised_char_by_char(text)
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+    max_leaves=8,
+)
+_TEXT = st.none() | st.text(max_size=8)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    name=st.text(min_size=1, max_size=8),
+    value=_JSON,
+    status=st.sampled_from(["known", "unknown"]),
+    source=st.sampled_from([None, "user_answer", "instruction", "pre_set_data", "measured_data", "prior_state"]),
+    origin=st.sampled_from([None, "user_answer", "instruction", "pre_set_data", "measured_data"]),
+    flags=st.tuples(st.none() | st.booleans(), st.none() | st.booleans()),
+    texts=st.tuples(_TEXT, _TEXT),
+    proposal=st.sampled_from([None, "matched", "diverged", "absent"]),
+)
+def test_a_fields_json_is_its_models_dump(
+    name: str,
+    value: Any,
+    status: str,
+    source: str | None,
+    origin: str | None,
+    flags: tuple[bool | None, bool | None],
+    texts: tuple[str | None, str | None],
+    proposal: str | None,
+) -> None:
+    field = FieldRecord.model_validate(
+        {
+            "name": name,
+            "value": value,
+            "status": status,
+            "source": source,
+            "origin_source": origin,
+            "resolved_at": "2026-12-05T10:00:00.000Z",
+            "pending_at_trigger": flags[0],
+            "lookup_failed": flags[1],
+            "note": texts[0],
+            "_diag_note": texts[1],
+            "proposal": proposal,
+        }
+    )
+    dumped = field.model_dump(mode="json")
+    written = field.as_json()
+    assert list(written.items()) == list(dumped.items())  # the same members, in the same order
+    if isinstance(written.get("value"), (dict, list)):
+        assert written["value"] is not field.value  # a copy: a hook that changes it changes no record

@@ -149,3 +149,17 @@ class TestAReadIsAdmitted:
     async def test_a_write_is_not_admitted_as_a_read(self) -> None:
         with pytest.raises(ValueError, match="not judged read-only"):
             await engine().admit_read(read_input(RESET, {"repo_path": "/r"}))
+
+
+class TestAShadowForwardNamesItsJudgedRun:
+    async def test_the_forward_names_the_judged_run_and_other_runs_carry_no_member(self) -> None:
+        sink = MemoryEventSink()
+        pf = engine(sink)
+        named = await pf.record_forward(read_input(RESET, {"repo_path": "/r"}), reason="shadow", shadow_of="run-1")
+        plain = await pf.record_forward(read_input(RESET, {"repo_path": "/r"}), reason="shadow")
+        assert named.action_key is None and named.execution_decision == "execute"
+        assert named.run_ref is not None and plain.run_ref is not None
+        started = {e.run_id: e for e in sink.events if e.event_type == "run_started"}
+        assert started[named.run_ref.run_id].model_dump(mode="json")["shadow_of"] == "run-1"
+        # Without a judged run the member is absent from the bytes, as on every run before it existed.
+        assert "shadow_of" not in started[plain.run_ref.run_id].model_dump(mode="json")

@@ -40,7 +40,7 @@ class TestTheSchemaFile:
         finally:
             migrated.close()
             from_file.close()
-        assert [len(kind) for kind in expected] == [10, 2, 2]  # tables (projector_starts among them), views, indexes
+        assert [len(kind) for kind in expected] == [10, 3, 2]  # tables (projector_starts among them), views, indexes
         assert made == expected
 
     def test_a_stale_file_is_named_with_the_difference(

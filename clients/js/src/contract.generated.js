@@ -385,6 +385,7 @@
  * @property {string} run_id
  * @property {1|2|3} schema_version
  * @property {number} seq
+ * @property {string|null} [shadow_of]
  * @property {number} tool_attempt
  * @property {string|null} tool_digest
  * @property {string|null} tool_name
@@ -3058,6 +3059,18 @@ export const SCHEMA = {
           "minimum": 0,
           "title": "Seq",
           "type": "integer"
+        },
+        "shadow_of": {
+          "anyOf": [
+            {
+              "type": "string"
+            },
+            {
+              "type": "null"
+            }
+          ],
+          "default": null,
+          "title": "Shadow Of"
         },
         "tool_attempt": {
           "title": "Tool Attempt",

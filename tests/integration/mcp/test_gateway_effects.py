@@ -175,3 +175,13 @@ class TestEffectUnknown:
             held = await call(session, "branch_hang")
         assert held.is_error is True and "timed_out_without_readback" in result_text(held)
         assert [e.cause for e in sink.events if e.event_type == "effect_unknown"] == ["timeout"]  # not called again
+        # A gateway started as `preflight-audit gateway` starts does it at start (`Gateway.prepare`), not at the
+        # first call: the key holds before anything is called.
+        async with running_gateway(path, engine(sink)) as gw:
+            assert gw.preflight.unsettled == {}
+            gw.prepare()
+            assert [r.execution_decision for r in gw.preflight.unsettled.values()] == ["effect_unknown"]
+            async with client_of(gw) as session:
+                again = await call(session, "branch_hang")
+        assert again.is_error is True and "timed_out_without_readback" in result_text(again)
+        assert [e.cause for e in sink.events if e.event_type == "effect_unknown"] == ["timeout"]

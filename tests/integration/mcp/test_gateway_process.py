@@ -15,12 +15,15 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
+from fastapi.testclient import TestClient
 from mcp import StdioServerParameters
 from mcp.types import Implementation, RequestParamsMeta
 
 import queries
 from infra.brokers import Broker, create_topics, delete_topics
 from preflight.adapters.mcp import INSTRUCTION_META_KEY, result_text
+from preflight_audit.access import parse_tokens
+from preflight_audit.api import create_app
 from preflight_audit.keys import protector
 from projections import Projector, log_end_offsets, open_database
 from projections.dlq import default_dead_letter_topic
@@ -182,16 +185,34 @@ class TestShadowMode:
         con = open_database(db, read_only=True)
         try:
             gaps = queries.run(con, "gap_rates").dicts()
+            runs = queries.run(con, "runs_search").dicts()
+            (forward,) = queries.run(con, "shadow_forwards").dicts()
+            forwards = queries.run(con, "shadow_forwards", run_id=forward["judged_run_id"]).dicts()
         finally:
             con.close()
         (row,) = gaps
-        # The decision (asked: no words of the user's) and the forwarded call's own run, which executed.
+        # One call, counted once: as its judged run (asked: no words of the user's), not as its forward too.
         assert (row["tool"], row["agent_id"], row["runs"], row["executes"]) == (
             "git_status",
             "test-client+shadow",
-            2,
             1,
+            0,
         )
+        assert forwards == [forward] and len(runs) == 2
+        (judged,) = [r for r in runs if r["run_id"] == forward["judged_run_id"]]
+        assert judged["decision"] == "ask_user" and judged["outcome"] is None
+        # The forwarded call's own run: unkeyed (never a baseline), naming the judged run, its outcome kept.
+        (forwarded,) = [r for r in runs if r["run_id"] == forward["forwarded_run_id"]]
+        assert forwarded["action_key"] is None and forwarded["decision"] == "execute"
+        assert (forward["outcome"], forward["marked"]) == ("executed", "shadow")
+        # The judged run's page shows what the forwarded call did, marked shadow.
+        token = "compliance-token-0123456789abcdef"
+        app = create_app(db, tokens=parse_tokens(f"compliance:{token}", None))
+        with TestClient(app, headers={"Authorization": f"Bearer {token}"}) as console:
+            page = console.get(f"/console/run/{judged['run_id']}")
+        assert page.status_code == 200, page.text
+        assert 'data-marked="shadow" data-outcome="executed"' in page.text
+        assert f"/console/run/{forward['forwarded_run_id']}" in page.text
 
 
 class TestMalformedInput:
