@@ -275,8 +275,11 @@ async def run_worker(
             print(f"worker log: {worker.log_path}")
 
 
-def faust_floor(bootstrap: str, topic: str, partitions: int, n_messages: int, workdir: Path, timeout_s: float) -> float:
-    """Seconds between the first and last batch of `bench/faust_floor.py` counting the whole topic."""
+def faust_floor(
+    bootstrap: str, topic: str, partitions: int, n_messages: int, workdir: Path, timeout_s: float
+) -> tuple[float, float]:
+    """Seconds between the first and last batch of `bench/faust_floor.py` counting the whole topic, and the
+    CPU seconds its process spent from its first count to its last (all threads)."""
     import subprocess
     import sys
     import urllib.request
@@ -296,15 +299,19 @@ def faust_floor(bootstrap: str, topic: str, partitions: int, n_messages: int, wo
         proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + timeout_s
+        cpu_at_first: float | None = None
         while time.monotonic() < deadline:
-            time.sleep(0.25)  # polling an HTTP counter, bounded by the deadline
+            time.sleep(0.05 if cpu_at_first is None else 0.25)  # polling an HTTP counter, bounded by the deadline
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/floor", timeout=2) as response:
                     body = json.loads(response.read())
             except OSError:
                 continue
+            if cpu_at_first is None and body["counted"]:
+                cpu_at_first = sum(thread_cpu(proc.pid).values())
             if sum(body["counted"].values()) >= n_messages:
-                return float(body["last"] - body["first"])
+                cpu = sum(thread_cpu(proc.pid).values()) - (cpu_at_first or 0.0)
+                return float(body["last"] - body["first"]), cpu
         raise TimeoutError(f"the Faust floor agent did not count {n_messages} messages in {timeout_s} s")
     finally:
         proc.kill()
@@ -383,16 +390,21 @@ async def bench(args: argparse.Namespace) -> None:
             f" {records:,} records, {changelog_bytes:,} bytes of keys and values; the events {len(messages):,}"
             f" messages, {event_bytes:,} bytes)"
         )
-        floor_s = await asyncio.to_thread(
+        floor_s, floor_cpu = await asyncio.to_thread(
             faust_floor, bootstrap, topic, args.partitions, len(messages), workdir, args.timeout
         )
         floor_rate = n_events / floor_s
         print(
             f"(iv)  bare Faust agent (take_events, count only; bench/faust_floor.py): {floor_rate:,.0f} events/s"
             f" ({len(messages) / floor_s:,.0f} messages/s) = {floor_rate / raw_rate:.2f}x raw: the ceiling of any"
-            f" Faust worker on this topic"
+            f" Faust worker on this topic; {n_events / floor_cpu:,.0f} events per CPU-second"
         )
         print(f"fold / bare Faust agent: {fold_rate / floor_rate:.2f}x (target >= 0.5x)")
+        print(
+            f"fold / bare Faust agent in CPU per event: {floor_cpu / worker_cpu:.2f}x"
+            f" ({worker_cpu / n_events * 1e6:.1f} against {floor_cpu / n_events * 1e6:.1f} us an event: the rate"
+            f" ratio if each had a core to itself)"
+        )
         if args.catch_up:
             caught = await run_worker(bootstrap, topic, args.partitions, ends, workdir, args, catch_up=True)
             since = caught["status"]["since_start"]

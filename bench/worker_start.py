@@ -107,6 +107,7 @@ async def bench(args: argparse.Namespace) -> None:
             print(f"first start: ready in {first:.2f} s (folding the backlog included); folded to {ends}")
             starts: list[float] = []
             floors: list[float] = []
+            restored: list[float] = []
             for restart in range(args.restarts):
                 before = await worker.wait_folded(ends, timeout_s=args.timeout)
                 if args.stop == "kill":
@@ -127,11 +128,20 @@ async def bench(args: argparse.Namespace) -> None:
                     f" {start_s / floor_s:.1f}x; folded before {folded}, resumed at {resumed};"
                     f" re-read {_total(since, 're_read')}, redelivered {_total(since, 'redelivered')},"
                     f" read back {_total(since, 'read_back')}"
+                    + (
+                        f"; the worker restored {since['restored_records']:,} records in {since['restore_s']:.2f} s"
+                        f" ({since['restored_records'] / max(since['restore_s'], 1e-9):,.0f} records/s)"
+                        if since.get("restored_records") is not None
+                        else ""
+                    )
                 )
+                restored.append(float(since.get("restore_s") or 0.0))
             print(
                 f"start-to-ready at {n_events:,} events folded: median {statistics.median(starts):.2f} s against"
                 f" {statistics.median(floors):.2f} s to read the changelog alone"
-                f" ({statistics.median(starts) / statistics.median(floors):.1f}x)"
+                f" ({statistics.median(starts) / statistics.median(floors):.1f}x); of it the table's restore"
+                f" {statistics.median(restored):.2f} s, for {n_events:,} events"
+                f" ({statistics.median(restored) / n_events * 1e6:.1f} us an event folded)"
             )
         finally:
             worker.stop()

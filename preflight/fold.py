@@ -25,18 +25,23 @@ core (offsets, counts), the baseline, and one part per remembered run (a slot of
 holding the run's event ids, and its events while it awaits an outcome). A message stores only the
 parts it changed (`Folded.parts`), never the whole history; `restore_part` puts them back together.
 The index of remembered run and event ids (``seen``) is derived from the runs and never stored.
+
+The baseline keeps the executed run's events (as verified on arrival); its record is rebuilt from them when
+it is read (`baseline_json`, remembered), never on the fold's path. A message the consumers' shared intake
+check vouched for (`preflight.intake`) skips the per-event checks it has passed.
 """
 
 from __future__ import annotations
 
 import re
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from preflight.chain import READ_BACK_EVENT_TYPE, TAIL_EVENT_TYPES, hash_matches, message_problem
 from preflight.emit import rebuild_record
-from preflight.errors import ChainError, EventDecodeError
+from preflight.errors import ChainError, EventDecodeError, PreflightError
 from preflight.events import EVENT_TYPES, SUPPORTED_EVENT_VERSIONS, decode_event
 from preflight.records import UNKEYED_RECORD_KEY, ExecutionRecord, RunRef
 from preflight.shapes import conforms
@@ -209,32 +214,35 @@ def evolve(
         return _anomaly(base, "message is not a non-empty list of events", "not_an_event_array")
     # Event by event, each wholly (shape, model, id, hash) before the next, in the projector's order
     # (`projections.decode`), so that both name the same first defect.
-    texts = getattr(message, "texts", None) or [None] * len(message)
-    for index, (event, text) in enumerate(zip(message, texts, strict=True)):
-        problem = check_shape(event)
-        if problem is not None:
-            return _anomaly(base, f"event {index}: {problem}", _shape_code(problem))
-        # The whole model, strictly, as the projector reads it: an intact chain does not make a run well
-        # formed. Its strict shape (`preflight.shapes`: the model, a UUID event_id) first, without pydantic;
-        # the model itself judges (and names) whatever the shape does not accept. (`hashed`: the hash is
-        # checked next; without it nothing of this event is used.)
-        if not conforms(event, text):
-            try:
-                decode_event(event, hashed=True)
-            except EventDecodeError as exc:
-                return _anomaly(base, f"event {index}: {exc}", "malformed_event")
-            if not _UUID.fullmatch(event["event_id"]):
+    # A message the consumers' shared intake check vouched for (`preflight.intake.vouched`: each event valid
+    # under its model, its event_id a UUID, its hash matching) has passed all of this already.
+    if not getattr(message, "vouched", False):
+        texts = getattr(message, "texts", None) or [None] * len(message)
+        for index, (event, text) in enumerate(zip(message, texts, strict=True)):
+            problem = check_shape(event)
+            if problem is not None:
+                return _anomaly(base, f"event {index}: {problem}", _shape_code(problem))
+            # The whole model, strictly, as the projector reads it: an intact chain does not make a run well
+            # formed. Its strict shape (`preflight.shapes`: the model, a UUID event_id) first, without pydantic;
+            # the model itself judges (and names) whatever the shape does not accept. (`hashed`: the hash is
+            # checked next; without it nothing of this event is used.)
+            if not conforms(event, text):
+                try:
+                    decode_event(event, hashed=True)
+                except EventDecodeError as exc:
+                    return _anomaly(base, f"event {index}: {exc}", "malformed_event")
+                if not _UUID.fullmatch(event["event_id"]):
+                    return _anomaly(
+                        base, f"event {index}: event_id {event['event_id']!r:.80} is not a UUID", "event_id_not_uuid"
+                    )
+            if not hash_matches(event, text):
+                try:  # a value with no canonical form (a lone surrogate) is malformed, as the projector finds
+                    decode_event(event)
+                except EventDecodeError as exc:
+                    return _anomaly(base, f"event {index}: {exc}", "malformed_event")
                 return _anomaly(
-                    base, f"event {index}: event_id {event['event_id']!r:.80} is not a UUID", "event_id_not_uuid"
+                    base, f"broken hash chain: seq {event['seq']} hash does not match its content", "broken_chain"
                 )
-        if not hash_matches(event, text):
-            try:  # a value with no canonical form (a lone surrogate) is malformed, as the projector finds
-                decode_event(event)
-            except EventDecodeError as exc:
-                return _anomaly(base, f"event {index}: {exc}", "malformed_event")
-            return _anomaly(
-                base, f"broken hash chain: seq {event['seq']} hash does not match its content", "broken_chain"
-            )
     run_ids = {e["run_id"] for e in message}
     if len(run_ids) != 1:
         return _anomaly(base, "message mixes events of several runs", "mixed_runs")
@@ -455,20 +463,12 @@ def _apply_tail(
     # An unkeyed run (a read admitted without a preflight, `preflight.reads`) is never a baseline: no run
     # loads one from the unkeyed key.
     if executed and state["action_key"] != UNKEYED_RECORD_KEY:
-        try:
-            # The run's chain, each hash and the tail's link were verified as they arrived.
-            events_in = [decode_event(e, hashed=True) for e in [*waiting["events"], tail]]
-            record = rebuild_record(events_in, verify=False)
-        except (EventDecodeError, ChainError, ValueError) as exc:  # ValueError: pydantic's ValidationError
-            return _anomaly(state, f"executed run cannot be rebuilt: {exc}", "unrebuildable_run")
-        if record.execution_decision != "executed":
-            return _anomaly(state, "executed run did not rebuild to an executed record", "unrebuildable_run")
-        if record.fields is None:  # the verdict refuses such a run before; never an empty baseline
-            return _anomaly(state, "executed run cannot be rebuilt: its record has no fields", "unrebuildable_run")
+        # The run's events, as verified on arrival (chain, hashes, models, the verdict, the tail's link): its
+        # record is rebuilt from them when it is read (`baseline_json`), not here, on every executed run.
         baseline = {
             "run_id": run_id,
             "decision_id": tail.get("decision_id"),
-            "record": record.model_dump(mode="json"),
+            "events": [*waiting["events"], dict(tail)],
             "last_hash": tail["hash"],
             "next_seq": tail["seq"] + 1,
             "offset": position.offset,
@@ -542,10 +542,51 @@ def _restore_whole(state: dict[str, Any], value: Mapping[str, Any]) -> None:
     state["runs_seen"] = len(runs)
 
 
+class UnrebuildableBaselineError(PreflightError):
+    """A baseline's events do not rebuild to an executed record with fields. The fold verified them on arrival
+    (models, hashes, chain, the consumers' verdict, which refuses an execute run without fields), so this
+    should not happen: the reader gets no baseline ("unavailable"), never a wrong one. Report it with the run."""
+
+
+#: Records rebuilt from baselines' events, by (run_id, last_hash): a baseline is rebuilt once, when first read.
+_REBUILT: OrderedDict[tuple[str, str], dict[str, Any]] = OrderedDict()
+_REBUILT_KEPT = 4096
+
+
+def baseline_json(base: Mapping[str, Any]) -> dict[str, Any]:
+    """The executed record (its JSON) a folded state's baseline holds: rebuilt from the run's events on first
+    read and remembered (a state stored before baselines kept their events holds the record itself).
+
+    :raises UnrebuildableBaselineError: the events do not rebuild to an executed record with fields.
+    """
+    if "record" in base:
+        record: dict[str, Any] = base["record"]
+        return record
+    key = (str(base["run_id"]), str(base["last_hash"]))
+    known = _REBUILT.get(key)
+    if known is not None:
+        _REBUILT.move_to_end(key)
+        return known
+    try:
+        rebuilt = rebuild_record([decode_event(e, hashed=True) for e in base["events"]], verify=False)
+    except (EventDecodeError, ChainError, ValueError) as exc:  # ValueError: pydantic's ValidationError
+        raise UnrebuildableBaselineError(f"executed run {key[0]} cannot be rebuilt: {exc}") from exc
+    if rebuilt.execution_decision != "executed" or rebuilt.fields is None:
+        raise UnrebuildableBaselineError(f"executed run {key[0]} does not rebuild to an executed record with fields")
+    record = rebuilt.model_dump(mode="json")
+    _REBUILT[key] = record
+    if len(_REBUILT) > _REBUILT_KEPT:
+        _REBUILT.popitem(last=False)
+    return record
+
+
 def baseline_record(state: Mapping[str, Any] | None) -> ExecutionRecord | None:
-    """The baseline of a folded state as an `ExecutionRecord` carrying its run reference, or None."""
+    """The baseline of a folded state as an `ExecutionRecord` carrying its run reference, or None.
+
+    :raises UnrebuildableBaselineError: see `baseline_json`.
+    """
     if not state or not state.get("baseline"):
         return None
     base = state["baseline"]
     ref = RunRef(run_id=base["run_id"], last_hash=base["last_hash"], next_seq=base["next_seq"])
-    return ExecutionRecord.model_validate(base["record"]).with_run_ref(ref)
+    return ExecutionRecord.model_validate(baseline_json(base)).with_run_ref(ref)

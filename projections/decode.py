@@ -24,8 +24,9 @@ holding a float (or anything the fast path does not accept) takes the reference 
 standard library, validated event by event with `preflight.events.decode_event`, hashed with
 `preflight.events.content_hash` itself, which also names the precise defect.
 
-The fast path has a compiled part (`native/`, the `preflight_audit_native` module, built by `make`
-wherever there is a Rust toolchain). The producer writes each event in canonical form, so it checks on the
+The fast path is the consumers' shared intake check (`preflight.intake`: the fold worker asks it too). It
+has a compiled part (`native/`, the `preflight_audit_native` module, built by `make` wherever there is a
+Rust toolchain). The producer writes each event in canonical form, so it checks on the
 message's own bytes that every event is in that form, its event_id a UUID and its hash a lower-case digest
 that matches, and answers their texts (appending their archive rows to the chunk's `ArchiveColumns`) --
 or nothing, for anything it cannot vouch for (a float, an escaped key, whitespace, a hash that does not
@@ -37,17 +38,13 @@ tests hold it to all that (tests/unit/test_native_decode.py); `PREFLIGHT_NATIVE_
 from __future__ import annotations
 
 import hashlib
-import importlib
 import json
-import os
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, Union
+from typing import Any, Final
 
-import msgspec
 import orjson
-from pydantic import BaseModel
 
 from preflight.chain import LEGACY_HASH_VERSIONS, message_problem, spelled_alike
 from preflight.errors import EventDecodeError
@@ -59,16 +56,23 @@ from preflight.events import (
     decode_event,
     event_canonical_json,
 )
+from preflight.intake import (
+    CANONICAL,
+    MESSAGE,
+    NATIVE_CHECK,
+    RELAXED,
+    RELAXED_SHAPES,
+    EventJson,
+    as_dicts,
+    decoded,
+    fast_path,
+    shaped,
+)
+from preflight.intake import NATIVE as NATIVE
+from preflight.intake import NATIVE_ENV as NATIVE_ENV
 from preflight.records import UNKEYED_RECORD_KEY
-from preflight.shapes import EVENT_MODELS as _EVENT_MODELS
-from preflight.shapes import EVENT_SHAPES as _EVENT_SHAPES
-from preflight.shapes import FAST_ONLY as _FAST_ONLY
-from preflight.shapes import FAST_PATH_DEPTH as _FAST_PATH_DEPTH
 from preflight.shapes import UUID_PATTERN as _UUID_PATTERN
 from preflight.shapes import has_float as _has_float
-from preflight.shapes import plain as _plain
-from preflight.shapes import shape as _shape
-from preflight.shapes import too_deep as _too_deep
 from preflight.verdict import event_problem, run_problem
 
 __all__ = [
@@ -82,126 +86,14 @@ __all__ = [
 ]
 
 _SORTED: Final = orjson.OPT_SORT_KEYS
-#: Set to "0" to leave the compiled check (`preflight_audit_native`) unused, e.g. to compare the two.
-NATIVE_ENV: Final = "PREFLIGHT_NATIVE_DECODE"
-
-
-def _native_module() -> Any:
-    """The compiled module (`native/`: `preflight_audit_native`) if it is installed and not turned off
-    (`NATIVE_ENV`); without it, the same work is done in Python."""
-    if os.environ.get(NATIVE_ENV, "1") == "0":
-        return None
-    try:
-        return importlib.import_module("preflight_audit_native")
-    except ImportError:
-        return None
-
-
-#: The compiled module, or None (see `_native_module`).
-NATIVE: Final = _native_module()
-#: Its check of a message's canonical texts and chain hashes (and, given a chunk's `ArchiveColumns`, the
-#: builder of their archive rows), or None.
-_NATIVE: Final[Callable[..., list[bytes] | None] | None] = getattr(NATIVE, "canonical_texts", None)
+#: The fast path's parts (`preflight.intake`), under the names they had here.
+_CANONICAL, _MESSAGE, _RELAXED, _RELAXED_SHAPES = CANONICAL, MESSAGE, RELAXED, RELAXED_SHAPES
+_as_dicts, _decoded, _shaped = as_dicts, decoded, shaped
+#: The compiled check (`preflight.intake.NATIVE_CHECK`), or None; `_fast_path` reads it here at each call.
+_NATIVE: Callable[..., list[bytes] | None] | None = NATIVE_CHECK
 
 #: Integers that go to an INTEGER column (a tail's `seq`, a checklist item's index) lie below this.
 _INTEGER_LIMIT: Final = 2**31
-
-
-EventJson = dict[str, Any]
-"""An event as verified: its JSON object, exactly as hashed (nested models are objects too)."""
-
-
-#: The shapes without the two patterns of `_FAST_ONLY` (msgspec calls Python's `re` for each: about half of
-#: its decode time), for a message the compiled check (`_NATIVE`) is asked about: it vouches only for events
-#: whose event_id spells a UUID and whose hash is a lower-case hex digest, so what these shapes accept and it
-#: vouches for, the strict shapes accept (a property test holds this).
-_RELAXED_SHAPES: Final = {
-    model: _shape(model, {"schema_version": _FAST_ONLY["schema_version"]}) for model in _EVENT_MODELS
-}
-
-
-def _no_float(literal: str) -> Any:
-    """msgspec's `float_hook`: a float where a model accepts any JSON value sends the message down the
-    reference path (msgspec spells some floats otherwise than `canonical_json`: 1e16 for 1e+16). It is
-    called for every float literal read into an untyped (Any) position -- where the models admit one, as
-    none of them has a field typed float (`_typed_float`)."""
-    raise ValueError(f"a float ({literal:.40}): judged by the reference path")
-
-
-#: A message: its events, validated strictly as they are decoded (the fast path's one msgspec call); a
-#: float anywhere in it fails the decode (`_no_float`).
-_MESSAGE: Final = msgspec.json.Decoder(
-    list[Union[tuple(_EVENT_SHAPES.values())]],  # type: ignore[misc]  # noqa: UP007
-    float_hook=_no_float,
-)
-#: A message, decoded by `_RELAXED_SHAPES` (for the compiled check).
-_RELAXED: Final = msgspec.json.Decoder(
-    list[Union[tuple(_RELAXED_SHAPES.values())]],  # type: ignore[misc]  # noqa: UP007
-    float_hook=_no_float,
-)
-
-
-def _mended_fields(model: type[BaseModel]) -> tuple[tuple[str, bool], ...]:
-    """The fields of `model`'s shape a shallow dict of it must mend, and whether each may hold a nested
-    struct: those that may be left out (UNSET) and those that may hold a struct."""
-    mended = []
-    for name, info in model.model_fields.items():
-        nested = _plain(info.annotation) is not info.annotation  # a model in it, made a struct
-        if name != "event_type" and (nested or not info.is_required()):
-            mended.append((name, nested))
-    return tuple(mended)
-
-
-#: Per event shape: its event_type, and the fields `_as_dicts` mends.
-_MENDS: Final = {
-    shape: (model.model_fields["event_type"].default, _mended_fields(model))
-    for shapes in (_EVENT_SHAPES, _RELAXED_SHAPES)
-    for model, shape in shapes.items()
-}
-
-
-#: The canonical form (`preflight.events.canonical_json`) of a decoded event, for every string and
-#: integer: keys sorted by code point, no spaces, UTF-8 unescaped (a unit test compares the two).
-_CANONICAL: Final = msgspec.json.Encoder(order="sorted")
-
-
-def _decoded(value: bytes, decoder: msgspec.json.Decoder[Any] = _MESSAGE) -> list[msgspec.Struct] | None:
-    """A message's events if every one of them validates strictly against its event model (`_shape`)."""
-    try:
-        events: list[msgspec.Struct] = decoder.decode(value)
-    except msgspec.DecodeError:  # a ValidationError too
-        return None
-    return events
-
-
-def _as_dicts(events: list[msgspec.Struct]) -> list[EventJson]:
-    """Decoded events as plain dicts, each exactly the JSON object it was read as.
-
-    Shallow: the values are the decoded ones (a nested object or array is not copied), which is what
-    makes this cheaper than `msgspec.to_builtins` (1.7-2.3 against 3.7-4.9 us an event on the bench
-    workload); only the fields `_MENDS` names are looked at -- a left-out one is dropped, one that may hold
-    structs (a decision's signature) is made plain.
-    """
-    dicts: list[EventJson] = []
-    for event in events:
-        event_type, mended = _MENDS[type(event)]
-        values = msgspec.structs.asdict(event)
-        values["event_type"] = event_type
-        for name, nested in mended:
-            value = values[name]
-            if value is msgspec.UNSET:
-                del values[name]
-            elif nested:
-                values[name] = msgspec.to_builtins(value)
-        dicts.append(values)
-    return dicts
-
-
-def _shaped(value: bytes) -> list[EventJson] | None:
-    """A message's events as plain dicts, each exactly the JSON object it was read as, if every one of
-    them validates strictly against its event model (`_shape`); else None."""
-    events = _decoded(value)
-    return None if events is None else _as_dicts(events)
 
 
 _UUID = re.compile(_UUID_PATTERN)
@@ -321,55 +213,8 @@ def _decode(incoming: Incoming, columns: Any = None) -> Decoded:
 
 
 def _fast_path(value: bytes, columns: Any = None) -> tuple[list[EventJson], list[bytes]] | None:
-    """The events of a message that validates strictly as a whole and hashes as encoded here, else None.
-
-    None sends the message down the reference path, which finds the precise defect (or accepts a
-    message this path could not judge exactly). A strictly valid event decodes into a struct of exactly
-    the JSON object it was read from (`_shape`: a field left out stays out, e.g. an unsigned decision's
-    `signature`), so its sorted encoding is the canonical form, and its plain dict that object.
-
-    Both checks (msgspec's and the compiled one) sort keys by code point and take integers of any size: the
-    canonical form of event versions 1 and 2. For version 3 (RFC 8785) they are exact only for a message
-    `spelled_alike` (no character from U+E000 up, no float, no number of 16 digits or more), so any other
-    message is judged by the reference path, whatever its versions (the compiled check knows no version).
-    """
-    if not spelled_alike(value, floats_refused=True):  # a float fails both decoders (`_no_float`)
-        return None
-    if _NATIVE is not None:
-        relaxed = _decoded(value, _RELAXED)
-        if not relaxed:  # what the relaxed shapes refuse, the strict ones refuse too
-            return None
-        # Each event's own text, if the producer wrote it in canonical form, with a UUID event_id and a
-        # matching hash; it vouches for no value nested deeper than `_FAST_PATH_DEPTH` (a unit test holds
-        # its limit below). Else the message is judged as without it (decoded again, strictly).
-        rows = 0 if columns is None else columns.rows
-        native = _NATIVE(value, columns)
-        if native is not None and len(native) == len(relaxed):
-            return _as_dicts(relaxed), native
-        if columns is not None:
-            columns.truncate(rows)
-    shaped = _decoded(value)  # no float in it (`_no_float`)
-    if not shaped:
-        return None
-    events = _as_dicts(shaped)
-    if value.count(b"[") + value.count(b"{") > _FAST_PATH_DEPTH and _too_deep(events):
-        return None
-    texts: list[bytes] = []
-    for event, struct in zip(events, shaped, strict=True):
-        claimed = event["hash"]  # a lower-case hex digest (`_FAST_ONLY`): ASCII
-        member = b',"hash":"' + claimed.encode("ascii") + b'"'
-        full = _CANONICAL.encode(struct)
-        # A hex digest needs no escaping, so `member` is its exact bytes in `full`; "hash" is never the
-        # first key (every event has "action_key"). The hashed body is `full` without it.
-        at = full.find(member)
-        if at < 0:
-            return None
-        digest = hashlib.sha256(event["prev_hash"].encode() + b"\n" + full[:at])
-        digest.update(full[at + len(member) :])
-        if digest.hexdigest() != claimed:
-            return None
-        texts.append(full)
-    return events, texts
+    """The consumers' shared fast path (`preflight.intake.fast_path`), with this module's compiled check."""
+    return fast_path(value, columns, _NATIVE)
 
 
 def _reference_path(value: bytes) -> tuple[list[EventJson], list[bytes]]:

@@ -39,7 +39,8 @@ import pyarrow.compute as pc
 from preflight.events import (
     canonical_json,
 )
-from projections.decode import NATIVE, EventJson, Incoming, Rejected, VerifiedRun, VerifiedTail, decode_incoming
+from preflight.intake import NATIVE
+from projections.decode import EventJson, Incoming, Rejected, VerifiedRun, VerifiedTail, decode_incoming
 
 
 class DecisionTrust(Protocol):

@@ -25,9 +25,12 @@ from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import orjson
+
 from preflight.errors import EventDecodeError
-from preflight.events import decode_message
+from preflight.events import WireEvents, decode_message
 from preflight.fold import CORE, Position, evolve, restore_part
+from preflight.intake import VouchedEvents, vouched
 from preflight.signing import DecisionVerifier
 
 #: Table keys: a key's state lives under STATE_PREFIX + action_key, a partition's progress under
@@ -52,6 +55,33 @@ def progress_key(partition: int) -> str:
 def part_key(part: str, action_key: str) -> str:
     """The changelog key of one part of `action_key`'s state."""
     return f"{part}:{action_key}"
+
+
+def decode_value(value: bytes | None) -> VouchedEvents | WireEvents:
+    """A message's events: vouched for by the consumers' shared intake check (`preflight.intake.vouched`, the
+    projector's), or else decoded for `preflight.fold.evolve` to judge event by event (`decode_message`),
+    which names the defect; `EventDecodeError` if the value is not JSON events at all."""
+    checked = vouched(value)
+    return checked if checked is not None else decode_message(value)
+
+
+def encode_changelog_value(value: Any) -> bytes:
+    """A changelog record's value as JSON (what Faust's json codec writes, read back by it alike): orjson,
+    or the standard library for what orjson cannot write (an integer beyond 64 bits in an event)."""
+    try:
+        return orjson.dumps(value)
+    except TypeError:
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def decode_changelog_value(value: bytes | None) -> Any:
+    """A changelog record's value read back (`encode_changelog_value`); None for a tombstone."""
+    if value is None:
+        return None
+    try:
+        return orjson.loads(value)
+    except orjson.JSONDecodeError:  # an integer beyond 64 bits
+        return json.loads(value)
 
 
 def restore_record(table: MutableMapping[str, Any], key: str, value: Any) -> str | None:
@@ -265,7 +295,7 @@ def fold_partition(
     items: Iterable[Incoming | Missing],
     progress: Progress,
     load: StateLoader,
-    decode: Callable[[bytes | None], list[Any]] = decode_message,
+    decode: Callable[[bytes | None], list[Any]] = decode_value,
     *,
     verifier: DecisionVerifier | None = None,
 ) -> PartitionFold:

@@ -17,6 +17,7 @@ from typing import Any
 
 from aiokafka.partitioner import murmur2
 
+from preflight.fold import baseline_json
 from streams.batch import Progress
 
 
@@ -78,7 +79,10 @@ def key_partition(query: BaselineQuery, state: Mapping[str, Any] | None, partiti
 
 
 def baseline_body(action_key: str, state: Mapping[str, Any] | None, partition: int, folded: Progress) -> dict[str, Any]:
-    """The 200 answer for `action_key` from its folded state (None: never folded)."""
+    """The 200 answer for `action_key` from its folded state (None: never folded).
+
+    :raises UnrebuildableBaselineError: the baseline's events do not rebuild (`preflight.fold.baseline_json`).
+    """
     base = state.get("baseline") if state is not None else None
     body: dict[str, Any] = {
         "action_key": action_key,
@@ -95,7 +99,7 @@ def baseline_body(action_key: str, state: Mapping[str, Any] | None, partition: i
     }
     if base:
         body.update(
-            record=base["record"],
+            record=baseline_json(base),
             run_id=base["run_id"],
             last_hash=base["last_hash"],
             next_seq=base["next_seq"],

@@ -44,7 +44,7 @@ from preflight import scenario as sc
 from preflight.adapters.kafka import KafkaEventSink
 from preflight.errors import ChainError, EventDecodeError
 from preflight.events import encode_event, encode_message, kafka_key, verify_run
-from preflight.fold import Position, evolve
+from preflight.fold import Position, baseline_json, evolve
 from preflight.records import UNKEYED_RECORD_KEY
 from projections import Projector, ProjectorStats, compare_projections, log_end_offsets, replay
 from streams.view import totals as fold_totals
@@ -673,7 +673,8 @@ def baseline_differences(
     for key in sorted(set(expected) | set(served)):
         base = (expected.get(key) or {}).get("baseline")
         body = served.get(key)
-        want = {name: base.get(name) for name in BASELINE_FIELDS} if base else None
+        # The fold keeps the executed run's events; its record is what they rebuild to (`baseline_json`).
+        want = {**{name: base.get(name) for name in BASELINE_FIELDS}, "record": baseline_json(base)} if base else None
         got = {name: body.get(name) for name in BASELINE_FIELDS} if body and body.get("status") == "ok" else None
         if want != got:
             differing.append(f"baseline of {key}: fold of the archive {_brief(want)}, worker {_brief(got)}")

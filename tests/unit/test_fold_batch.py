@@ -9,9 +9,24 @@ from collections.abc import Mapping
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from preflight.chain import content_hash
+from preflight.events import decode_message
+from preflight.fold import UnrebuildableBaselineError, baseline_json
+from preflight.intake import vouched
 from preflight.records import UNKEYED_RECORD_KEY
-from streams.batch import DeadLetter, Incoming, Missing, PartitionFold, Progress, fold_partition, state_key
+from streams.batch import (
+    DeadLetter,
+    Incoming,
+    Missing,
+    PartitionFold,
+    Progress,
+    decode_value,
+    fold_partition,
+    state_key,
+)
 from streams.view import (
     BaselineQuery,
     QueryError,
@@ -64,7 +79,7 @@ class TestFoldPartition:
         assert result.dead_letters == []
         assert result.baselines_changed == 1
         assert list(result.writes) == [KEY, UNKEYED_RECORD_KEY]
-        assert part.table[state_key(KEY)]["baseline"]["record"]["execution_decision"] == "executed"
+        assert baseline_json(part.table[state_key(KEY)]["baseline"])["execution_decision"] == "executed"
 
     async def test_redelivered_offsets_are_skipped_before_decoding(self) -> None:
         part = Partition()
@@ -227,3 +242,99 @@ class TestView:
         summed = totals({k: v for k, v in part.table.items()})
         assert summed["keys"] == 2 and summed["baselines"] == 1
         assert summed["runs"] == 3 and summed["executed"] == 1 and summed["ask_user"] == 1 and summed["hold"] == 1
+
+
+def _rehashed(events: list[dict[str, Any]], index: int, name: str, value: Any) -> list[dict[str, Any]]:
+    """`events` with member `name` of event `index` set to `value` (deleted for `_DELETE`) and the chain's
+    hashes recomputed: a message whose hashes match but whose content may break the contract."""
+    changed = [dict(e) for e in events]
+    if value is _DELETE:
+        changed[index].pop(name, None)
+    else:
+        changed[index][name] = value
+    prev = changed[0]["prev_hash"]
+    for event in changed:
+        event["prev_hash"] = prev
+        event.pop("hash", None)
+        event["hash"] = content_hash(prev, event)
+        prev = event["hash"]
+    return changed
+
+
+_DELETE = object()
+#: Values a member may be set to: of another type, out of the contract's form, beyond what the shapes judge.
+_VALUES = st.sampled_from(
+    [_DELETE, None, 0, -1, 2**40, 1.5, True, "", "x", "not-a-uuid", "2026-13-45T00:00:00Z", [], {}, {"a": 1}, 99]
+)
+
+
+def _no_state(key: str) -> Mapping[str, Any] | None:
+    return None
+
+
+class TestIntakePaths:
+    """The fold's verdict is the same whichever path a message takes: vouched for by the consumers' shared intake
+    check (`preflight.intake`, compiled where built) or judged event by event by the reference path."""
+
+    async def test_canonical_messages_are_vouched_for(self) -> None:
+        for _, value in await messages():
+            assert vouched(value) is not None
+
+    @settings(max_examples=150, deadline=None)
+    @given(data=st.data())
+    async def test_both_paths_give_the_same_states_and_dead_letters(self, data: st.DataObject) -> None:
+        h = await history()
+        names = ("asked", "ready", "executed_tail", "held")
+        target = data.draw(st.sampled_from(names))
+        events = h[target]
+        index = data.draw(st.integers(0, len(events) - 1))
+        member = data.draw(st.sampled_from(sorted(set(events[index]) - {"hash", "prev_hash"})))
+        altered = dict(h, **{target: _rehashed(events, index, member, data.draw(_VALUES))})
+        raw = message(altered[target])
+        if data.draw(st.booleans()):  # or a byte of it flipped: broken JSON, a hash that no longer matches
+            at = data.draw(st.integers(0, len(raw) - 1))
+            raw = raw[:at] + data.draw(st.sampled_from([b"0", b"a", b'"', b"}", b"\\", b" "])) + raw[at + 1 :]
+        values = [raw if name == target else message(altered[name]) for name in names]
+        items: list[Incoming | Missing] = [
+            Incoming(0, i, kafka_key(h[name]), v) for i, (name, v) in enumerate(zip(names, values, strict=True))
+        ]
+        vouching = fold_partition(TOPIC, 0, items, Progress(), _no_state, decode_value)
+        reference = fold_partition(TOPIC, 0, items, Progress(), _no_state, decode_message)
+        assert [(d.offset, d.dead_letter_code, d.reason) for d in vouching.dead_letters] == [
+            (d.offset, d.dead_letter_code, d.reason) for d in reference.dead_letters
+        ]
+        assert vouching.progress == reference.progress
+        assert json.dumps(vouching.writes, sort_keys=True) == json.dumps(reference.writes, sort_keys=True)
+        assert vouching.records == reference.records
+
+
+class TestBaselineRebuiltOnRead:
+    """The fold keeps an executed run's events as the baseline; its record is rebuilt when read."""
+
+    async def test_the_record_is_rebuilt_from_the_events_once_and_equals_the_engines(self) -> None:
+        part = Partition()
+        part.fold([Incoming(0, i, k, v) for i, (k, v) in enumerate(await messages())])
+        base = part.table[state_key(KEY)]["baseline"]
+        assert "record" not in base and base["events"][-1]["event_type"] == "executed"
+        record = baseline_json(base)
+        assert baseline_json(dict(base)) is record  # remembered, not rebuilt again
+        h = await history()
+        assert record == baseline_json({**base, "record": record})
+        assert {f["name"] for f in record["fields"]} == {
+            e["field"]["name"] for e in h["ready"] if e["event_type"] == "field_resolved"
+        }
+
+    async def test_events_that_do_not_rebuild_give_no_baseline_rather_than_a_wrong_one(self) -> None:
+        part = Partition()
+        part.fold([Incoming(0, i, k, v) for i, (k, v) in enumerate(await messages())])
+        state = dict(part.table[state_key(KEY)])
+        base = state["baseline"]
+        broken = {
+            **base,
+            "last_hash": "f" * 64,
+            "events": [e for e in base["events"] if e["event_type"] != "run_closed"],
+        }
+        with pytest.raises(UnrebuildableBaselineError):
+            baseline_json(broken)
+        with pytest.raises(UnrebuildableBaselineError):
+            baseline_body(KEY, {**state, "baseline": broken}, 0, Progress())

@@ -29,6 +29,7 @@ from preflight import (
 from preflight import scenario as sc
 from preflight.admission import assess_tool_invocation
 from preflight.engine import gap_class_for
+from preflight.fold import baseline_json
 from preflight.records import AdmissionGate
 from preflight.reversibility import UNVERSIONED, admission_outcome, tool_version
 from preflight.scenario import dump, hooks, transfer
@@ -425,8 +426,8 @@ class TestFold:
         folded = log.apply(wire(outcome.state.run_events[-1:]))
         assert folded.outcome == "applied" and folded.baseline_changed
         assert log.state is not None
-        assert log.state["baseline"]["record"] == dump(outcome.state)
-        assert log.state["baseline"]["record"]["admission"]["status"] == "allowed"
+        assert baseline_json(log.state["baseline"]) == dump(outcome.state)
+        assert baseline_json(log.state["baseline"])["admission"]["status"] == "allowed"
 
 
 # ---- the property: no execute without an allowed admission ----------------------------------------------
