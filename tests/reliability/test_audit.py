@@ -17,6 +17,7 @@ import pytest
 from preflight import MemoryEventSink, MemoryStorage, create_preflight
 from preflight import scenario as sc
 from preflight.events import content_hash, encode_event
+from preflight.fold import baseline_json
 from tests.integration.worker_harness import DECISION_OF, OUTCOME_HOOKS, OUTCOME_INPUT
 from tests.reliability.harness import (
     ArchivedEvent,
@@ -95,7 +96,8 @@ def _served(archive: list[ArchivedEvent]) -> dict[str, dict[str, Any]]:
     served: dict[str, dict[str, Any]] = {}
     for key, state in states.items():
         base = state["baseline"]
-        served[key] = {"status": "ok", **base} if base else {"status": "none"}
+        # the worker's body carries the record its baseline's events rebuild to (`baseline_json`)
+        served[key] = {"status": "ok", **base, "record": baseline_json(base)} if base else {"status": "none"}
     return served
 
 

@@ -49,7 +49,7 @@ ENVIRONMENT_READERS = {
     "infra/embedded.py": "passes the environment on to the broker subprocess, without Tansu's own variables",
     "infra/kafka.py": "JAVA_HOME",
     "preflight_audit/cli.py": "COLUMNS, the width of a terminal",
-    "projections/decode.py": "PREFLIGHT_NATIVE_DECODE, read at import",
+    "preflight/intake.py": "PREFLIGHT_NATIVE_DECODE, read at import",
 }
 
 
