@@ -608,12 +608,9 @@ def _output_schema(tool: Any) -> dict[str, Any] | None:
 
 
 def _record_digest(state: ExecutionRecord) -> str:
-    """The digest of `state`'s JSON (`model_dump(mode="json")`), its fields written by `FieldRecord.as_json`
-    (the same members, at a tenth of the model serializer's cost): taken when an `execute` decision is
-    recorded and again when it is acted on."""
-    data = state.model_dump(mode="json", exclude={"fields"})
-    data["fields"] = None if state.fields is None else [f.as_json() for f in state.fields]
-    return digest(data)
+    """The digest of `state`'s JSON (`model_dump(mode="json")`, written by `ExecutionRecord.as_json`): taken
+    when an `execute` decision is recorded and again when it is acted on."""
+    return digest(state.as_json())
 
 
 def _foreign_state_problem(

@@ -37,7 +37,7 @@ from preflight.events import (
     verify_run,
 )
 from preflight.protect import RunSealer, ValueProtector, open_record
-from preflight.records import ExecutionRecord, RunRef
+from preflight.records import ExecutionRecord, RunRef, ValueGate
 from preflight.results import as_json, structured_content
 
 Sign = Callable[[Mapping[str, str | None]], Mapping[str, Any]]
@@ -112,7 +112,8 @@ def run_events(
     for event_type, payload in trace.steps:  # the steps the decision path took, in its order
         chain.add(event_type, **payload)
 
-    gate_json = record.gate.model_dump(mode="json") if record.gate is not None else None
+    gate = record.gate
+    gate_json = None if gate is None else gate.as_json() if isinstance(gate, ValueGate) else gate.model_dump(mode="json")
     decision_id: str | None = None
     arguments_digest: str | None = None
     decision = record.execution_decision

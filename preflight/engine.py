@@ -666,7 +666,7 @@ class _Run:
                 unverified_checklist_count=None,
                 gate=gate,
                 execution_decision="ask_user",
-                reason=await _reason(self.hooks, "ask_user", gate.model_dump(mode="json")),
+                reason=await _reason(self.hooks, "ask_user", gate.as_json()),
             )
             return self.stop(record, "value", gap_class_for("value", blocking))
         inp = self.inp
@@ -739,7 +739,7 @@ class _Run:
             unverified_checklist_count=len(unverified),
             gate=gate,
             execution_decision=final,
-            reason=await _reason(self.hooks, final, gate.model_dump(mode="json")),
+            reason=await _reason(self.hooks, final, gate.as_json()),
             admission=admitted,
         )
         if final == "execute":

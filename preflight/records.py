@@ -166,6 +166,21 @@ class Fixed(BaseModel):
     def _serialize(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         return _drop_none(handler(self), ("c3_match",))
 
+    def as_json(self) -> dict[str, Any]:
+        """`model_dump(mode="json")`, the same dict in the same key order, written directly (its members are
+        strings, None and a bool): the record's digest is taken from it (`ExecutionRecord.as_json`)."""
+        d = self.__dict__
+        out: dict[str, Any] = {
+            "c1_when_case": d["c1_when_case"],
+            "c2_user_action_name": d["c2_user_action_name"],
+            "c3_provider_action_name": d["c3_provider_action_name"],
+            "c2_source": d["c2_source"],
+        }
+        match = d["c3_match"]
+        if match is not None:
+            out["c3_match"] = {"approved": match.approved, "reason": match.reason}
+        return out
+
 
 class UnknownFieldEntry(BaseModel):
     model_config = _MODEL_CONFIG
@@ -194,6 +209,30 @@ class ValueGate(BaseModel):
     @model_serializer(mode="wrap")
     def _serialize(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         return _drop_none(handler(self), ("_diag",))
+
+    def as_json(self) -> dict[str, Any]:
+        """`model_dump(mode="json")`, the same dict in the same key order, written directly when its `_diag` is
+        plain JSON (`preflight.chain.plain_json`; copied, as the model's dump copies it). The decision path
+        dumps the value gate for the reason hook, for its event and for the record's digest (~8 us each by
+        the model's serializer)."""
+        diag = self.diag
+        if diag is not None:
+            try:
+                if not plain_json(diag):
+                    raise TypeError
+                diag = orjson.loads(orjson.dumps(diag))
+            except TypeError:  # not plain, or a lone surrogate: as the model writes it
+                dumped: dict[str, Any] = self.model_dump(mode="json")
+                return dumped
+        out: dict[str, Any] = {
+            "unknown_fields": [{"name": e.name, "note": e.note} for e in self.unknown_fields],
+            "unverified_checklist": [
+                {"id": e.id, "description": e.description, "note": e.note} for e in self.unverified_checklist
+            ],
+        }
+        if diag is not None:
+            out["_diag"] = diag
+        return out
 
 
 class IntentGate(BaseModel):
@@ -394,6 +433,44 @@ class ExecutionRecord(BaseModel):
     @model_serializer(mode="wrap")
     def _serialize(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         return _drop_none(handler(self), ("deferred_input", "admission"))
+
+    def as_json(self) -> dict[str, Any]:
+        """`model_dump(mode="json")`, the same dict in the same key order, written from its parts' own
+        writers (`FieldRecord.as_json`, `Fixed.as_json`, `ValueGate.as_json`) when its JSON values are plain
+        (`preflight.chain.plain_json`; those are shared with the record, not copied: read it, never change
+        it), else by the model's serializer. The record's digest is taken from it when an `execute` decision
+        is recorded and again when it is acted on; a test holds the two equal (`tests/unit/test_hot_path.py`)."""
+        d = self.__dict__
+        checklist, deferred, gate, fixed = d["user_checklist"], d["deferred_input"], d["gate"], d["fixed"]
+        if not plain_json(checklist) or (deferred is not None and not plain_json(deferred)):
+            dumped: dict[str, Any] = self.model_dump(mode="json")
+            return dumped
+        fields = d["fields"]
+        out: dict[str, Any] = {
+            "schema_version": d["schema_version"],
+            "action_key": d["action_key"],
+            "phase": d["phase"],
+            "fixed": None if fixed is None else fixed.as_json(),
+            "fields": None if fields is None else [f.as_json() for f in fields],
+            "advisory_notes": d["advisory_notes"],
+            "user_checklist": checklist,
+            "unknown_count": d["unknown_count"],
+            "unverified_checklist_count": d["unverified_checklist_count"],
+            "gate": None
+            if gate is None
+            else gate.as_json()
+            if type(gate) is ValueGate
+            else gate.model_dump(mode="json"),
+            "execution_decision": d["execution_decision"],
+            "reason": d["reason"],
+            "timestamp": d["timestamp"],
+        }
+        if deferred is not None:
+            out["deferred_input"] = deferred
+        admission = d["admission"]
+        if admission is not None:
+            out["admission"] = admission.model_dump(mode="json")
+        return out
 
     @property
     def run_ref(self) -> RunRef | None:

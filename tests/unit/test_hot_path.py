@@ -32,7 +32,7 @@ from preflight.events import (
     verify_event_hash,
 )
 from preflight.fingerprint import normalise
-from preflight.records import RECORD_SCHEMA_VERSION, FieldRecord
+from preflight.records import RECORD_SCHEMA_VERSION, ExecutionRecord, FieldRecord, ValueGate
 from preflight.signing import DecisionSigner
 
 ENVELOPE: dict[str, Any] = {
@@ -230,3 +230,61 @@ def test_a_fields_json_is_its_models_dump(
     assert list(written.items()) == list(dumped.items())  # the same members, in the same order
     if isinstance(written.get("value"), (dict, list)):
         assert written["value"] is not field.value  # a copy: a hook that changes it changes no record
+
+
+def _written_as_dumped(written: Any, dumped: Any) -> None:
+    """The same JSON, key order included (json.dumps keeps each dict's order)."""
+    assert json.dumps(written) == json.dumps(dumped)
+
+
+@pytest.mark.parametrize("path", sorted(PATHS))
+@pytest.mark.parametrize("approval", [False, True], ids=["plain", "require_approval"])
+async def test_a_records_json_is_its_models_dump(path: str, approval: bool) -> None:
+    """The record's digest is taken from `ExecutionRecord.as_json`: the model's dump, down every path, before
+    and after its call."""
+    hooks, given = PATHS[path]
+    pf = create_preflight({**sc.hooks(), **hooks}, MemoryStorage(), require_approval=approval)
+    state = await pf.run_and_record(sc.transfer(**given))
+    records = [state]
+    if state.execution_decision == "execute":
+        records.append((await pf.execute_if_ready(state, sc.BANK_TOOL, lambda name, args: {"ok": True})).state)
+    for record in records:
+        _written_as_dumped(record.as_json(), record.model_dump(mode="json"))
+        if isinstance(record.gate, ValueGate):
+            _written_as_dumped(record.gate.as_json(), record.gate.model_dump(mode="json"))
+        if record.fixed is not None:
+            _written_as_dumped(record.fixed.as_json(), record.fixed.model_dump(mode="json"))
+
+
+@settings(max_examples=200, deadline=None)
+@given(diag=st.none() | st.dictionaries(st.text(max_size=4), _JSON, max_size=3), checklist=_JSON)
+def test_a_value_gates_and_a_records_json_are_their_models_dumps(diag: Any, checklist: Any) -> None:
+    """Any `_diag` and user checklist, plain JSON or not (floats are written by the model's serializer)."""
+    gate = ValueGate.model_validate(
+        {
+            "unknown_fields": [{"name": "amount", "note": "no value"}],
+            "unverified_checklist": [{"id": "chk", "description": None, "note": "n"}],
+            "_diag": diag,
+        }
+    )
+    _written_as_dumped(gate.as_json(), gate.model_dump(mode="json"))
+    if isinstance(diag, dict) and isinstance(gate.as_json().get("_diag"), (dict, list)) and diag:
+        assert gate.as_json()["_diag"] is not gate.diag  # a copy: a hook that changes it changes no record
+    record = ExecutionRecord.model_validate(
+        {
+            "action_key": "k",
+            "phase": "at_trigger",
+            "fixed": None,
+            "fields": None,
+            "advisory_notes": "",
+            "user_checklist": [checklist],
+            "unknown_count": 1,
+            "unverified_checklist_count": 1,
+            "gate": gate,
+            "execution_decision": "ask_user",
+            "reason": "r",
+            "timestamp": "2026-12-05T10:00:00.000Z",
+            "deferred_input": None if diag is None else {"d": diag},
+        }
+    )
+    _written_as_dumped(record.as_json(), record.model_dump(mode="json"))
