@@ -405,6 +405,9 @@ _MEMBERS: dict[type[Envelope], tuple[frozenset[str], frozenset[str], dict[str, A
     for model in _EVENT_MODELS.values()
 }
 _HASH_MEMBER_LENGTH = len(_HASH_MEMBER)
+#: The sets of members given to `_assembled`, by model and members in order (`_FIELDS_SETS_LIMIT` at most).
+_FIELDS_SETS: dict[tuple[Any, ...], set[str]] = {}
+_FIELDS_SETS_LIMIT = 512
 _SHA256 = hashlib.sha256
 
 
@@ -425,7 +428,14 @@ def _assembled(fields: dict[str, Any], canonical: bytes) -> PreflightEvent | Non
     keys = fields.keys()
     if not (required <= keys <= members):
         return None
-    fields_set = set(keys)
+    # The set of members given, one per model and set of members (a frozen model never changes it, and a copy
+    # copies it): a run's events keep no set each, and so give the collector fewer objects to walk.
+    shape = (model, *keys)
+    fields_set = _FIELDS_SETS.get(shape)
+    if fields_set is None:
+        fields_set = set(keys)
+        if len(_FIELDS_SETS) < _FIELDS_SETS_LIMIT:
+            _FIELDS_SETS[shape] = fields_set
     if model is ExecutionApproved and isinstance(fields.get("signature"), Mapping):
         fields = {**fields, "signature": DecisionSignature.model_validate(fields["signature"])}
     event = model.__new__(model)
