@@ -32,6 +32,7 @@ from preflight.events import (
     verify_event_hash,
 )
 from preflight.fingerprint import normalise
+from preflight.lookup import _too_deep, json_value
 from preflight.records import RECORD_SCHEMA_VERSION, ExecutionRecord, FieldRecord, ValueGate
 from preflight.signing import DecisionSigner
 
@@ -288,3 +289,37 @@ def test_a_value_gates_and_a_records_json_are_their_models_dumps(diag: Any, chec
         }
     )
     _written_as_dumped(record.as_json(), record.model_dump(mode="json"))
+
+
+_ANY_VALUE = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text() | st.just("\ud800"),
+    lambda inner: st.lists(inner, max_size=3)
+    | st.tuples(inner)
+    | st.dictionaries(st.text(max_size=3) | st.integers(), inner, max_size=3),
+    max_leaves=10,
+)
+
+
+def _nested(value: Any, depth: int) -> Any:
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+@settings(max_examples=1000, deadline=None)
+@given(value=_ANY_VALUE | st.builds(_nested, _ANY_VALUE, st.integers(60, 66)))
+def test_a_recorded_value_is_its_json_round_trip(value: Any) -> None:
+    """`json_value` (the one walk of its fast path, then orjson) records what the standard library's round
+    trip gives, key order included, and refuses what it cannot write or what nests too deep."""
+    if _too_deep(value):
+        expected: tuple[bool, Any] = (False, None)
+    else:
+        try:
+            text = json.dumps(value, allow_nan=False, ensure_ascii=False)
+            text.encode("utf-8")
+            expected = (True, json.loads(text))
+        except (TypeError, ValueError, RecursionError):
+            expected = (False, None)
+    ok, recorded = json_value(value)
+    assert ok is expected[0]
+    assert json.dumps(recorded) == json.dumps(expected[1])
