@@ -16,7 +16,9 @@ from preflight.arguments import call_arguments
 from preflight.engine import Decided
 from preflight.errors import ChainError, effect_unknown_cause
 from preflight.events import (
+    EVENT_SCHEMA_VERSION,
     GENESIS_HASH,
+    HASH_PLACEHOLDER,
     AdmissionAssessed,
     ChecklistItemVerified,
     EffectReadBack,
@@ -34,6 +36,7 @@ from preflight.events import (
     ToolMatchDecided,
     digest,
     seal,
+    sealed,
     verify_run,
 )
 from preflight.protect import RunSealer, ValueProtector, open_record
@@ -65,7 +68,8 @@ class _Chain:
     def add(self, event_type: str, **payload: Any) -> PreflightEvent:
         if self.sealer is not None:  # a protected run: values sealed before the event is hashed
             payload = self.sealer.payload(event_type, payload)
-        body = {
+        fields = {
+            "schema_version": EVENT_SCHEMA_VERSION,
             "event_id": self.new_id(),
             "event_type": event_type,
             "run_id": self.run_id,
@@ -74,8 +78,9 @@ class _Chain:
             "occurred_at": self.clock(),
             **self.envelope,
             **payload,
+            "hash": HASH_PLACEHOLDER,
         }
-        event = seal(body, built=True)
+        event = sealed(fields, built=True)  # `seal` of the body, without its copy
         self.events.append(event)
         self.prev = event.hash
         self.seq += 1

@@ -390,8 +390,8 @@ _EVENT_MODELS: dict[Any, type[Envelope]] = {
 }
 
 #: Stands for the hash in the one canonical text `seal` writes of an event (random: no value can spell it).
-_HASH_PLACEHOLDER: str = os.urandom(32).hex()
-_HASH_MEMBER = b'"hash":"' + _HASH_PLACEHOLDER.encode() + b'",'
+HASH_PLACEHOLDER: str = os.urandom(32).hex()
+_HASH_MEMBER = b'"hash":"' + HASH_PLACEHOLDER.encode() + b'",'
 
 
 #: Per event model: its members (declaration order), the required ones, and a template of every member in
@@ -459,7 +459,13 @@ def seal(body: dict[str, Any], *, built: bool = False) -> PreflightEvent:
 
     `built=True` says the body is the engine's own, built from validated values (`_assembled`): the model
     is then assembled, not validated; a body whose members are not its model's is validated as any other."""
-    fields = {"schema_version": EVENT_SCHEMA_VERSION, **body, "hash": _HASH_PLACEHOLDER}
+    return sealed({"schema_version": EVENT_SCHEMA_VERSION, **body, "hash": HASH_PLACEHOLDER}, built=built)
+
+
+def sealed(fields: dict[str, Any], *, built: bool = False) -> PreflightEvent:
+    """`seal` of a body already holding its `schema_version` and `HASH_PLACEHOLDER` as its `hash`: `fields`
+    is the sealer's own from then on (its hash is set in it and it may become the event's). The engine's
+    chain builds each event's fields so, and saves a copy (`preflight.emit`)."""
     full = event_canonical_json(fields)
     at = full.find(_HASH_MEMBER)
     if at < 0:  # pragma: no cover - every event has members sorting after "hash"

@@ -323,3 +323,16 @@ def test_a_recorded_value_is_its_json_round_trip(value: Any) -> None:
     ok, recorded = json_value(value)
     assert ok is expected[0]
     assert json.dumps(recorded) == json.dumps(expected[1])
+
+
+async def test_events_sharing_their_set_of_given_members_are_copied_apart() -> None:
+    """Events of one shape share their model's set of given members (`preflight.events._assembled`); a copy
+    with a change has its own, and the events it was copied from keep theirs."""
+    state = await sc.engine().run_and_record(sc.transfer(user_answers=sc.READY_ANSWERS))
+    first, second = (e for e in state.run_events if e.event_type == "field_resolved" and e.seq in (3, 4))
+    assert first.model_fields_set is second.model_fields_set
+    given = set(first.model_fields_set)
+    changed = first.model_copy(update={"user_id": "someone else"})
+    assert changed.user_id == "someone else"
+    assert first.model_fields_set == given and second.model_fields_set == given
+    assert changed.model_fields_set is not first.model_fields_set
