@@ -73,6 +73,8 @@ def takes(fn: Hook, count: int) -> bool:
 
 def read(obj: Any, key: str, default: Any = MISSING) -> Any:
     """`obj[key]` for a mapping, `obj.key` otherwise; `default` when absent."""
+    if type(obj) is dict:  # a hook's usual answer: no ABC check (~0.3 us, two dozen reads a run)
+        return obj.get(key, default)
     if isinstance(obj, Mapping):
         return obj.get(key, default)
     if obj is None:

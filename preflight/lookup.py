@@ -398,7 +398,7 @@ async def _apply_policy(record: FieldRecord, ctx: LookupContext, hooks: Mapping[
     given = record.as_json()
     given.setdefault("value", None)
     try:
-        out = await call(hooks["apply_field_policy"], dict(given), ctx)
+        out = await call(hooks["apply_field_policy"], given, ctx)  # given: written for the hook, not kept
     except Exception as exc:
         return demote(record, f"field policy hook failed: {type(exc).__name__}: {exc}")
     status = read(out, "status", None)
