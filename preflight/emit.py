@@ -118,7 +118,9 @@ def run_events(
         chain.add(event_type, **payload)
 
     gate = record.gate
-    gate_json = None if gate is None else gate.as_json() if isinstance(gate, ValueGate) else gate.model_dump(mode="json")
+    gate_json = (
+        None if gate is None else gate.as_json() if isinstance(gate, ValueGate) else gate.model_dump(mode="json")
+    )
     decision_id: str | None = None
     arguments_digest: str | None = None
     decision = record.execution_decision

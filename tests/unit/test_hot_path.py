@@ -293,9 +293,11 @@ def test_a_value_gates_and_a_records_json_are_their_models_dumps(diag: Any, chec
 
 _ANY_VALUE = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text() | st.just("\ud800"),
-    lambda inner: st.lists(inner, max_size=3)
-    | st.tuples(inner)
-    | st.dictionaries(st.text(max_size=3) | st.integers(), inner, max_size=3),
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.tuples(inner)
+        | st.dictionaries(st.text(max_size=3) | st.integers(), inner, max_size=3)
+    ),
     max_leaves=10,
 )
 
