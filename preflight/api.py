@@ -126,7 +126,10 @@ class Preflight:
         # Bounded memory: recent recorded runs (for idempotent re-recording) and the `execute`
         # decisions not yet acted on, each with the digest of the record as it was recorded.
         self._recorded: BoundedSet = BoundedSet(RECENT_RUNS)
-        self._executable: OrderedDict[str, str] = OrderedDict()
+        self._executable: OrderedDict[str, _Pending] = OrderedDict()
+        # The `execute` decisions this engine signed and has not recorded yet, each with the digest of the
+        # record it signed it for (`record` keeps it with the pending decision if the record is unchanged).
+        self._signed_here: OrderedDict[str, tuple[str, SignedDecision]] = OrderedDict()
         #: Per action key, the call whose effect is unknown and not yet read back (SPEC §2.7): while it is
         #: here, a run of that key that would execute holds (`timed_out_without_readback`; judged with
         #: ``require_approval=True``).
@@ -163,6 +166,7 @@ class Preflight:
         if run_id is None:
             run_id = new_id()
             sealer = self._sealer(user_id, run_id)
+        signed: list[SignedDecision] = []
         try:
             events, ref = run_events(
                 decided,
@@ -171,7 +175,7 @@ class Preflight:
                 agent_id=agent_id,
                 clock=self._clock,
                 new_id=new_id,
-                sign=self._signing(),
+                sign=self._signing(signed),
                 sealer=sealer,
             )
         except Exception as exc:  # an unrecordable decision is itself a backstop hold
@@ -187,7 +191,12 @@ class Preflight:
             )
         if sealer is not None:
             sealer.close()
-        return decided.record.with_run_ref(ref, tuple(events))
+        state = decided.record.with_run_ref(ref, tuple(events))
+        if len(signed) == 1 and state.execution_decision == "execute":
+            self._signed_here[run_id] = (_record_digest(state), signed[0])
+            while len(self._signed_here) > PENDING_EXECUTIONS:
+                self._signed_here.popitem(last=False)
+        return state
 
     async def _decide(self, raw: Any, pseudonym: Callable[[str], str] | None = None) -> Decided:
         try:
@@ -224,6 +233,12 @@ class Preflight:
             return state
         return rebuild_record(state.run_events, verify=False)
 
+    async def _persist(self, state: ExecutionRecord) -> None:
+        """Hand `state`'s record to storage, unless the storage says it keeps none (``keeps_records =
+        False``, `preflight.ports.Storage`): then no record is built only to be discarded."""
+        if getattr(self.storage, "keeps_records", True) is not False:
+            await self.storage.persist(state.storage_key, self._durable(state))
+
     def _arguments_digest(self, state: ExecutionRecord, reference: str) -> str | None:
         """The arguments digest a decision over `state` carries: keyed, under the key `reference` names,
         in a protected engine (None when that key is gone: the decision cannot be checked)."""
@@ -254,12 +269,17 @@ class Preflight:
         except Exception as exc:
             raise RecordingError(f"the run's events were not acknowledged by the event log: {exc}") from exc
         try:
-            await self.storage.persist(state.storage_key, self._durable(state))
+            await self._persist(state)
         except Exception as exc:
             raise RecordingError(f"the run's record could not be stored: {exc}") from exc
         self._recorded.add(ref.run_id)
         if state.execution_decision == "execute":
-            self._executable[ref.run_id] = _record_digest(state)
+            recorded = _record_digest(state)
+            signed_here = self._signed_here.pop(ref.run_id, None)
+            # What this engine signed for this very record; None (a state changed since it was signed, or
+            # signed elsewhere) leaves the signature to be verified when it is acted on.
+            own = signed_here[1] if signed_here is not None and signed_here[0] == recorded else None
+            self._executable[ref.run_id] = _Pending(recorded, ref, own)
             while len(self._executable) > PENDING_EXECUTIONS:
                 self._executable.popitem(last=False)
         return state
@@ -380,7 +400,7 @@ class Preflight:
             self.unsettled[final.action_key] = final  # before publishing: held even if recording fails
         try:
             await self.sink.publish([event])
-            await self.storage.persist(final.storage_key, self._durable(final))
+            await self._persist(final)
         except Exception as exc:
             raise RecordingError(
                 f"the tool was called ({outcome.status}) but the outcome could not be recorded: {exc}",
@@ -461,7 +481,7 @@ class Preflight:
         )
         try:
             await self.sink.publish([event])
-            await self.storage.persist(final.storage_key, self._durable(final))
+            await self._persist(final)
         except Exception as exc:
             raise RecordingError(f"the read-back could not be recorded: {exc}") from exc
         if state.action_key is not None and self.unsettled.get(state.action_key) is state:
@@ -511,8 +531,9 @@ class Preflight:
             ) from exc
         return ExecutionOutcome(status="held", state=state, reason=refusal.reason, code=refusal.code, refusal=record)
 
-    def _signing(self) -> Sign | None:
-        """How this engine signs its `execute` decisions (None: it does not)."""
+    def _signing(self, signed: list[SignedDecision]) -> Sign | None:
+        """How this engine signs its `execute` decisions (None: it does not); each decision it signs is
+        appended to `signed`."""
         signer = self._signer
         if signer is None:
             return None
@@ -524,13 +545,15 @@ class Preflight:
                     raise TypeError(f"a signed decision needs a {name}")
                 return value
 
-            return signer.sign(
+            decision = signer.sign(
                 decision_id=text("decision_id"),
                 run_id=text("run_id"),
                 action_key=fields["action_key"],
                 tool_name=text("tool_name"),
                 arguments_digest=text("arguments_digest"),
-            ).event_fields()
+            )
+            signed.append(decision)
+            return decision.event_fields()
 
         return sign
 
@@ -544,13 +567,14 @@ class Preflight:
         if ref is None or not state.run_events or state.fields is None or state.fixed is None:
             return Refusal("state_unrecorded", "this state was not recorded by this preflight"), None
         own = ref.run_id in self._recorded
+        pending: _Pending | None = None
         if own:
-            recorded_digest = self._executable.get(ref.run_id)
-            if recorded_digest is None:
+            pending = self._executable.get(ref.run_id)
+            if pending is None:
                 return Refusal(
                     "decision_replayed", "this decision was already acted on (or is no longer pending)"
                 ), None
-            if _record_digest(state) != recorded_digest:
+            if ref != pending.ref or _record_digest(state) != pending.digest:
                 return Refusal("state_altered", "this state differs from the decision that was recorded"), None
         elif self._verifier is None:
             return Refusal("state_unrecorded", "this state was not recorded by this preflight"), None
@@ -567,6 +591,13 @@ class Preflight:
             return Refusal("tool_mismatch", f"the tool given ({name}) is not the one judged ({judged})"), None
         if self._verifier is None:
             return None, None
+        if pending is not None and pending.signed is not None:
+            # This engine signed it and recorded it, and the state is still what was recorded (its digest):
+            # verifying its own signature and digest again proves nothing new. Its validity window still holds.
+            late = self._verifier.check_times(pending.signed, self._verifier.now())
+            if late is not None:
+                return Refusal("decision_unverified", f"the signed decision is refused: {late}"), None
+            return None, pending.signed
         return self._signature_refusal(state, ref, unsigned_ok=own and self._signer is None)
 
     def _signature_refusal(
@@ -598,6 +629,16 @@ class Preflight:
             if getattr(signed, name) != value:
                 return Refusal("state_altered", f"the signed decision is refused: its {name} is not this state's"), None
         return None, signed
+
+
+@dataclass(frozen=True)
+class _Pending:
+    """An `execute` decision this engine recorded and has not acted on: the digest of its record, its run
+    reference, and the decision it signed (None: unsigned)."""
+
+    digest: str
+    ref: RunRef
+    signed: SignedDecision | None
 
 
 def _output_schema(tool: Any) -> dict[str, Any] | None:
