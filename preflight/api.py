@@ -46,6 +46,9 @@ from preflight.tracing import run_span
 CallTool = Callable[[str, dict[str, Any]], Any]
 RECENT_RUNS = 100_000
 PENDING_EXECUTIONS = 100_000
+#: How many signed runs not yet recorded are remembered (one is normally recorded at once; an older one is
+#: verified in full when acted on).
+SIGNED_UNRECORDED = 1_000
 
 
 #: The last second `utc_now` wrote, and its text up to the seconds.
@@ -127,9 +130,9 @@ class Preflight:
         # decisions not yet acted on, each with the digest of the record as it was recorded.
         self._recorded: BoundedSet = BoundedSet(RECENT_RUNS)
         self._executable: OrderedDict[str, _Pending] = OrderedDict()
-        # The `execute` decisions this engine signed and has not recorded yet, each with the digest of the
-        # record it signed it for (`record` keeps it with the pending decision if the record is unchanged).
-        self._signed_here: OrderedDict[str, tuple[str, SignedDecision]] = OrderedDict()
+        # The `execute` decisions this engine signed and has not recorded yet, each with the record (frozen) it
+        # signed it for: `record` keeps it with the pending decision when given that very record.
+        self._signed_here: OrderedDict[str, tuple[ExecutionRecord, SignedDecision]] = OrderedDict()
         #: Per action key, the call whose effect is unknown and not yet read back (SPEC §2.7): while it is
         #: here, a run of that key that would execute holds (`timed_out_without_readback`; judged with
         #: ``require_approval=True``).
@@ -193,8 +196,8 @@ class Preflight:
             sealer.close()
         state = decided.record.with_run_ref(ref, tuple(events))
         if len(signed) == 1 and state.execution_decision == "execute":
-            self._signed_here[run_id] = (_record_digest(state), signed[0])
-            while len(self._signed_here) > PENDING_EXECUTIONS:
+            self._signed_here[run_id] = (state, signed[0])
+            while len(self._signed_here) > SIGNED_UNRECORDED:
                 self._signed_here.popitem(last=False)
         return state
 
@@ -278,7 +281,7 @@ class Preflight:
             signed_here = self._signed_here.pop(ref.run_id, None)
             # What this engine signed for this very record; None (a state changed since it was signed, or
             # signed elsewhere) leaves the signature to be verified when it is acted on.
-            own = signed_here[1] if signed_here is not None and signed_here[0] == recorded else None
+            own = signed_here[1] if signed_here is not None and signed_here[0] is state else None
             self._executable[ref.run_id] = _Pending(recorded, ref, own)
             while len(self._executable) > PENDING_EXECUTIONS:
                 self._executable.popitem(last=False)
