@@ -172,7 +172,11 @@ async def deployment_engine(
     """The engine on the deployment's broker (events) and worker (baseline)."""
     async with KafkaEventSink(bootstrap, topic) as sink:
         storage = BaselineStorage(baseline_url, sink, protector=protector)
-        yield build_engine(sink, storage, signer=signer, protector=protector)
+        engine = build_engine(sink, storage, signer=signer, protector=protector)
+        try:
+            yield engine
+        finally:
+            await engine.drain()  # the reads' outcomes still being recorded, before the sink stops
 
 
 async def run_gateway(

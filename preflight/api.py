@@ -15,6 +15,8 @@ trusted key.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
 import time
 import uuid
@@ -29,7 +31,7 @@ from preflight.admission import ContractInput
 from preflight.arguments import call_arguments
 from preflight.emit import Sign, outcome_event, read_back_event, rebuild_record, run_events
 from preflight.engine import Decided, backstop, decide, execution_refused, invalid_input, started_summary, validate_tool
-from preflight.errors import ChainError, ConstructionError, RecordingError, effect_unknown_cause
+from preflight.errors import ChainError, ConstructionError, OutcomeNotRecorded, RecordingError, effect_unknown_cause
 from preflight.events import Envelope, ExecutionApproved, PreflightEvent, digest, verify_run
 from preflight.hooks import ALL_HOOKS, CALL_SUCCEEDED, DEFAULT_HOOKS, REQUIRED_HOOKS, UNSAFE_DEFAULT_HOOKS, Hook, call
 from preflight.inputs import PreflightInput
@@ -44,6 +46,9 @@ from preflight.testing import MemoryEventSink
 from preflight.tracing import run_span
 
 CallTool = Callable[[str, dict[str, Any]], Any]
+log = logging.getLogger("preflight")
+#: The waits before each new attempt to record an outcome recorded after its answer (`execute_if_ready`).
+OUTCOME_RETRY_S = (0.1, 0.5, 2.0)
 RECENT_RUNS = 100_000
 PENDING_EXECUTIONS = 100_000
 #: How many signed runs not yet recorded are remembered (one is normally recorded at once; an older one is
@@ -139,6 +144,10 @@ class Preflight:
         self.unsettled: dict[str, ExecutionRecord] = {}
         if admission is not None:
             admission.unsettled = self._unsettled_record
+        #: The outcomes being recorded after their answer (``await_outcome=False``); `drain` waits for them.
+        self._recording: set[asyncio.Task[None]] = set()
+        #: Told of each outcome recorded after its answer that could not be recorded (after its retries).
+        self.on_outcome_not_recorded: Callable[[OutcomeNotRecorded], None] | None = None
 
     # ---- deciding ----------------------------------------------------------------------------------
 
@@ -333,12 +342,20 @@ class Preflight:
 
     # ---- executing ---------------------------------------------------------------------------------
 
-    async def execute_if_ready(self, state: ExecutionRecord, tool: Any, call_tool: CallTool) -> ExecutionOutcome:
+    async def execute_if_ready(
+        self, state: ExecutionRecord, tool: Any, call_tool: CallTool, *, await_outcome: bool = True
+    ) -> ExecutionOutcome:
         """Call `tool` once for a recorded `execute` decision; record `executed` or `failed`.
 
         Never retries: a raised call may still have had its effect. Never mutates `state`.
         With a signer or a verifier, a decision's signature, expiry, tool, arguments and nonce must
         verify too, and a decision signed by a trusted key in another process is acted on as well.
+
+        ``await_outcome=False`` (the gateway's admitted reads) returns once the tool answered and records
+        the outcome after: its event is published in a task of this engine's, retried (`OUTCOME_RETRY_S`),
+        and if it still fails, an `OutcomeNotRecorded` is logged and handed to `on_outcome_not_recorded`;
+        `drain` waits for such tasks. The decision is recorded before the call either way. A process that
+        dies before the outcome is acknowledged leaves the run open (admitted, no outcome), never executed.
         """
         refusal, signed = self._refusal(state, tool)
         if refusal is None and signed is not None:
@@ -401,6 +418,11 @@ class Preflight:
         )
         if cause is not None and final.action_key is not None:
             self.unsettled[final.action_key] = final  # before publishing: held even if recording fails
+        if not await_outcome:
+            task = asyncio.get_running_loop().create_task(self._record_outcome(event, final, outcome))
+            self._recording.add(task)
+            task.add_done_callback(self._recording.discard)
+            return outcome
         try:
             await self.sink.publish([event])
             await self._persist(final)
@@ -410,6 +432,33 @@ class Preflight:
                 outcome,
             ) from exc
         return outcome
+
+    async def _record_outcome(self, event: PreflightEvent, final: ExecutionRecord, outcome: ExecutionOutcome) -> None:
+        """Record an outcome after its answer, retried; a last failure is an `OutcomeNotRecorded`, logged and
+        told (never dropped silently). A retry may publish the event twice: consumers keep one (event id)."""
+        for wait in (*OUTCOME_RETRY_S, None):
+            try:
+                await self.sink.publish([event])
+                await self._persist(final)
+                return
+            except Exception as exc:
+                failure = exc
+            if wait is not None:
+                log.warning("the outcome of run %s is not recorded yet (%s); retrying", event.run_id, failure)
+                await asyncio.sleep(wait)
+        error = OutcomeNotRecorded(
+            f"the tool was called ({outcome.status}) but the outcome of run {event.run_id} could not be recorded"
+            f" after {len(OUTCOME_RETRY_S) + 1} attempts: {failure}",
+            outcome,
+        )
+        log.error("%s", error)
+        if self.on_outcome_not_recorded is not None:
+            self.on_outcome_not_recorded(error)
+
+    async def drain(self) -> None:
+        """Wait until every outcome being recorded after its answer is recorded, or reported unrecorded."""
+        while self._recording:
+            await asyncio.gather(*self._recording, return_exceptions=True)
 
     def restore_unsettled(self, events: Sequence[PreflightEvent]) -> ExecutionRecord:
         """Hold again a run whose call's effect is unknown, from its events (kept by the caller across a

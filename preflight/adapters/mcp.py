@@ -690,7 +690,9 @@ class GuardedSession:
             return GuardedOutcome("held", name, reason=f"fail closed: the decision was not recorded ({exc})")
         if state.execution_decision != "execute":
             return GuardedOutcome("held", name, state, reason=state.reason, gate=getattr(state.gate, "kind", None))
-        return await self._execute(state, tool)
+        # A read's answer does not wait for its outcome's acknowledgement: the engine records it after
+        # (retried; a last failure is a named `OutcomeNotRecorded`). Its decision was recorded before the call.
+        return await self._execute(state, tool, await_outcome=False)
 
     async def _shadow(self, tool: Mapping[str, Any], proposal: Any, judged: ExecutionRecord) -> GuardedOutcome:
         """Shadow mode: the call forwarded unchanged, through a run of its own that records its outcome,
@@ -709,7 +711,9 @@ class GuardedSession:
             return GuardedOutcome("forwarded", name, judged, result=done.result, reason=why, decision=done.decision)
         return done
 
-    async def _execute(self, state: ExecutionRecord, tool: Mapping[str, Any]) -> GuardedOutcome:
+    async def _execute(
+        self, state: ExecutionRecord, tool: Mapping[str, Any], *, await_outcome: bool = True
+    ) -> GuardedOutcome:
         name = str(tool["name"])
         decision_id = state.run_ref.decision_id if state.run_ref is not None else None
         meta = {IDEMPOTENCY_META_KEY: decision_id} if decision_id else {}
@@ -727,7 +731,7 @@ class GuardedSession:
 
         # The engine calls with its settled arguments and reads the result (`preflight.results`: an
         # ``isError`` result is `failed`); a call that raises (an upstream gone) is `failed` too.
-        outcome = await self.preflight.execute_if_ready(state, tool, call)
+        outcome = await self.preflight.execute_if_ready(state, tool, call, await_outcome=await_outcome)
         result = outcome.result if isinstance(outcome.result, CallToolResult) else None
         if outcome.status == "held":
             return GuardedOutcome("held", name, outcome.state, reason=outcome.reason, decision=decision_id)
