@@ -50,8 +50,6 @@ from preflight.signing import DecisionSigner
 __all__ = ["BearerAuth", "build_engine", "http_app", "readiness", "run_gateway", "serve_gateway"]
 
 Transport = Literal["stdio", "http"]
-#: The GIL switch interval of a serving gateway, in seconds (see `run_gateway`).
-SWITCH_INTERVAL_S = 0.0005
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
@@ -213,11 +211,6 @@ async def run_gateway(
         tools = len(upstreams.tools())
         gateway.prepare()
         warmed = await warm_up(upstreams.tools(), engine.sink, signer=signer)
-        # The SDK's stdio transport reads and writes each message in worker threads; a worker that finishes
-        # while the event loop computes waits for the GIL up to the switch interval (5 ms by default) before
-        # the loop sees its message. A shorter one took 1-4.5 ms off the added p50 in four of four
-        # alternating bench pairs (bench/README.md).
-        sys.setswitchinterval(SWITCH_INTERVAL_S)
         print(f"preflight gateway: warmed up in {warmed * 1000:.0f} ms", file=err, flush=True)
 
         def started(where: str) -> None:
