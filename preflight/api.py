@@ -453,7 +453,10 @@ class Preflight:
         )
         log.error("%s", error)
         if self.on_outcome_not_recorded is not None:
-            self.on_outcome_not_recorded(error)
+            try:
+                self.on_outcome_not_recorded(error)
+            except Exception:  # a listener's own failure must not hide the error it was told of
+                log.exception("the listener of an unrecorded outcome failed")
 
     async def drain(self) -> None:
         """Wait until every outcome being recorded after its answer is recorded, or reported unrecorded."""

@@ -491,7 +491,10 @@ class GuardedSession:
     so signing, sealing, ``require_approval`` and the event sink are its settings. With ``shadow=True``
     every decision is recorded and every call is forwarded unchanged (to measure before enforcing), through
     an unkeyed run of its own that records the outcome (never a baseline). With ``admit_reads=True`` a
-    read-only tool's calls are admitted, not preflighted (SPEC §2.7, `preflight.reads`), as the gateway does.
+    read-only tool's calls are admitted, not preflighted (SPEC §2.7, `preflight.reads`), as the gateway does;
+    such a read answers once its decision is acknowledged and the tool answered, and its outcome is recorded
+    just after (`Preflight.execute_if_ready` with ``await_outcome=False``): call ``preflight.drain()`` before
+    the event sink stops.
     """
 
     def __init__(
