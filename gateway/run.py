@@ -50,8 +50,6 @@ from preflight.signing import DecisionSigner
 __all__ = ["BearerAuth", "build_engine", "http_app", "readiness", "run_gateway", "serve_gateway"]
 
 Transport = Literal["stdio", "http"]
-#: The GIL switch interval of a serving gateway, in seconds (see `run_gateway`).
-SWITCH_INTERVAL_S = 0.0005
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
@@ -172,7 +170,11 @@ async def deployment_engine(
     """The engine on the deployment's broker (events) and worker (baseline)."""
     async with KafkaEventSink(bootstrap, topic) as sink:
         storage = BaselineStorage(baseline_url, sink, protector=protector)
-        yield build_engine(sink, storage, signer=signer, protector=protector)
+        engine = build_engine(sink, storage, signer=signer, protector=protector)
+        try:
+            yield engine
+        finally:
+            await engine.drain()  # the reads' outcomes still being recorded, before the sink stops
 
 
 async def run_gateway(
@@ -209,11 +211,6 @@ async def run_gateway(
         tools = len(upstreams.tools())
         gateway.prepare()
         warmed = await warm_up(upstreams.tools(), engine.sink, signer=signer)
-        # The SDK's stdio transport reads and writes each message in worker threads; a worker that finishes
-        # while the event loop computes waits for the GIL up to the switch interval (5 ms by default) before
-        # the loop sees its message. A shorter one took 1-4.5 ms off the added p50 in four of four
-        # alternating bench pairs (bench/README.md).
-        sys.setswitchinterval(SWITCH_INTERVAL_S)
         print(f"preflight gateway: warmed up in {warmed * 1000:.0f} ms", file=err, flush=True)
 
         def started(where: str) -> None:

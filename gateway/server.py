@@ -100,6 +100,7 @@ class Gateway:
         self.preflight = preflight
         self._user_of_request = user_of_request
         self.metrics = metrics if metrics is not None else GatewayMetrics(upstreams.status)
+        preflight.on_outcome_not_recorded = self.metrics.outcome_not_recorded  # a read's outcome, after its answer
         self.calls = 0
         self._restored = False  # the kept unknown effects are restored at the first call (gateway.effects)
         self.tools_changed = ToolsChanged()  # gateway.health: clients told when an upstream goes or comes

@@ -16,6 +16,8 @@
 * ``preflight_gateway_upstream_up{upstream}`` (gauge): 1 while the upstream is connected, else 0;
 * ``preflight_gateway_upstream_seconds`` (histogram): how long upstreams took to answer forwarded calls, so
   that a call's time splits into the upstream's and the gateway's own (`bench/gateway_latency.py`);
+* ``preflight_gateway_outcomes_not_recorded_total`` (counter): admitted reads whose outcome, recorded after
+  the answer, could not be recorded even after retries (each also logged as `OutcomeNotRecorded`);
 * ``preflight_publish_ack_seconds{topic, outcome}`` (histogram): the event sink's publish-acknowledgement
   latency (`preflight.adapters.ops`).
 
@@ -90,6 +92,11 @@ class GatewayMetrics:
             buckets=_CALL_BUCKETS,
             registry=self.registry,
         )
+        self.outcomes_not_recorded = Counter(
+            "preflight_gateway_outcomes_not_recorded",
+            "read outcomes recorded after the answer that could not be recorded even after retries",
+            registry=self.registry,
+        )
         if upstream_status is not None:
             self.registry.register(_Upstreams(upstream_status))
         self.registry.register(PUBLISH_ACK_SECONDS)
@@ -102,6 +109,10 @@ class GatewayMetrics:
         if decision in ("executed", "failed", "effect_unknown"):
             decision = "execute"
         self.decisions.labels(decision=decision, gap_class=gap or "none").inc()
+
+    def outcome_not_recorded(self, error: Exception) -> None:
+        """Count an outcome the engine could not record after the answer (`OutcomeNotRecorded`)."""
+        self.outcomes_not_recorded.inc()
 
     def called(self, outcome: str, seconds: float) -> None:
         self.calls.labels(outcome=outcome).inc()

@@ -15,6 +15,8 @@ trusted key.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
 import time
 import uuid
@@ -29,7 +31,7 @@ from preflight.admission import ContractInput
 from preflight.arguments import call_arguments
 from preflight.emit import Sign, outcome_event, read_back_event, rebuild_record, run_events
 from preflight.engine import Decided, backstop, decide, execution_refused, invalid_input, started_summary, validate_tool
-from preflight.errors import ChainError, ConstructionError, RecordingError, effect_unknown_cause
+from preflight.errors import ChainError, ConstructionError, OutcomeNotRecorded, RecordingError, effect_unknown_cause
 from preflight.events import Envelope, ExecutionApproved, PreflightEvent, digest, verify_run
 from preflight.hooks import ALL_HOOKS, CALL_SUCCEEDED, DEFAULT_HOOKS, REQUIRED_HOOKS, UNSAFE_DEFAULT_HOOKS, Hook, call
 from preflight.inputs import PreflightInput
@@ -44,8 +46,14 @@ from preflight.testing import MemoryEventSink
 from preflight.tracing import run_span
 
 CallTool = Callable[[str, dict[str, Any]], Any]
+log = logging.getLogger("preflight")
+#: The waits before each new attempt to record an outcome recorded after its answer (`execute_if_ready`).
+OUTCOME_RETRY_S = (0.1, 0.5, 2.0)
 RECENT_RUNS = 100_000
 PENDING_EXECUTIONS = 100_000
+#: How many signed runs not yet recorded are remembered (one is normally recorded at once; an older one is
+#: verified in full when acted on).
+SIGNED_UNRECORDED = 1_000
 
 
 #: The last second `utc_now` wrote, and its text up to the seconds.
@@ -126,13 +134,20 @@ class Preflight:
         # Bounded memory: recent recorded runs (for idempotent re-recording) and the `execute`
         # decisions not yet acted on, each with the digest of the record as it was recorded.
         self._recorded: BoundedSet = BoundedSet(RECENT_RUNS)
-        self._executable: OrderedDict[str, str] = OrderedDict()
+        self._executable: OrderedDict[str, _Pending] = OrderedDict()
+        # The `execute` decisions this engine signed and has not recorded yet, each with the record (frozen) it
+        # signed it for: `record` keeps it with the pending decision when given that very record.
+        self._signed_here: OrderedDict[str, tuple[ExecutionRecord, SignedDecision]] = OrderedDict()
         #: Per action key, the call whose effect is unknown and not yet read back (SPEC §2.7): while it is
         #: here, a run of that key that would execute holds (`timed_out_without_readback`; judged with
         #: ``require_approval=True``).
         self.unsettled: dict[str, ExecutionRecord] = {}
         if admission is not None:
             admission.unsettled = self._unsettled_record
+        #: The outcomes being recorded after their answer (``await_outcome=False``); `drain` waits for them.
+        self._recording: set[asyncio.Task[None]] = set()
+        #: Told of each outcome recorded after its answer that could not be recorded (after its retries).
+        self.on_outcome_not_recorded: Callable[[OutcomeNotRecorded], None] | None = None
 
     # ---- deciding ----------------------------------------------------------------------------------
 
@@ -163,6 +178,7 @@ class Preflight:
         if run_id is None:
             run_id = new_id()
             sealer = self._sealer(user_id, run_id)
+        signed: list[SignedDecision] = []
         try:
             events, ref = run_events(
                 decided,
@@ -171,7 +187,7 @@ class Preflight:
                 agent_id=agent_id,
                 clock=self._clock,
                 new_id=new_id,
-                sign=self._signing(),
+                sign=self._signing(signed),
                 sealer=sealer,
             )
         except Exception as exc:  # an unrecordable decision is itself a backstop hold
@@ -187,7 +203,12 @@ class Preflight:
             )
         if sealer is not None:
             sealer.close()
-        return decided.record.with_run_ref(ref, tuple(events))
+        state = decided.record.with_run_ref(ref, tuple(events))
+        if len(signed) == 1 and state.execution_decision == "execute":
+            self._signed_here[run_id] = (state, signed[0])
+            while len(self._signed_here) > SIGNED_UNRECORDED:
+                self._signed_here.popitem(last=False)
+        return state
 
     async def _decide(self, raw: Any, pseudonym: Callable[[str], str] | None = None) -> Decided:
         try:
@@ -224,6 +245,12 @@ class Preflight:
             return state
         return rebuild_record(state.run_events, verify=False)
 
+    async def _persist(self, state: ExecutionRecord) -> None:
+        """Hand `state`'s record to storage, unless the storage says it keeps none (``keeps_records =
+        False``, `preflight.ports.Storage`): then no record is built only to be discarded."""
+        if getattr(self.storage, "keeps_records", True) is not False:
+            await self.storage.persist(state.storage_key, self._durable(state))
+
     def _arguments_digest(self, state: ExecutionRecord, reference: str) -> str | None:
         """The arguments digest a decision over `state` carries: keyed, under the key `reference` names,
         in a protected engine (None when that key is gone: the decision cannot be checked)."""
@@ -254,12 +281,17 @@ class Preflight:
         except Exception as exc:
             raise RecordingError(f"the run's events were not acknowledged by the event log: {exc}") from exc
         try:
-            await self.storage.persist(state.storage_key, self._durable(state))
+            await self._persist(state)
         except Exception as exc:
             raise RecordingError(f"the run's record could not be stored: {exc}") from exc
         self._recorded.add(ref.run_id)
         if state.execution_decision == "execute":
-            self._executable[ref.run_id] = _record_digest(state)
+            recorded = _record_digest(state)
+            signed_here = self._signed_here.pop(ref.run_id, None)
+            # What this engine signed for this very record; None (a state changed since it was signed, or
+            # signed elsewhere) leaves the signature to be verified when it is acted on.
+            own = signed_here[1] if signed_here is not None and signed_here[0] is state else None
+            self._executable[ref.run_id] = _Pending(recorded, ref, own)
             while len(self._executable) > PENDING_EXECUTIONS:
                 self._executable.popitem(last=False)
         return state
@@ -310,12 +342,20 @@ class Preflight:
 
     # ---- executing ---------------------------------------------------------------------------------
 
-    async def execute_if_ready(self, state: ExecutionRecord, tool: Any, call_tool: CallTool) -> ExecutionOutcome:
+    async def execute_if_ready(
+        self, state: ExecutionRecord, tool: Any, call_tool: CallTool, *, await_outcome: bool = True
+    ) -> ExecutionOutcome:
         """Call `tool` once for a recorded `execute` decision; record `executed` or `failed`.
 
         Never retries: a raised call may still have had its effect. Never mutates `state`.
         With a signer or a verifier, a decision's signature, expiry, tool, arguments and nonce must
         verify too, and a decision signed by a trusted key in another process is acted on as well.
+
+        ``await_outcome=False`` (the gateway's admitted reads) returns once the tool answered and records
+        the outcome after: its event is published in a task of this engine's, retried (`OUTCOME_RETRY_S`),
+        and if it still fails, an `OutcomeNotRecorded` is logged and handed to `on_outcome_not_recorded`;
+        `drain` waits for such tasks. The decision is recorded before the call either way. A process that
+        dies before the outcome is acknowledged leaves the run open (admitted, no outcome), never executed.
         """
         refusal, signed = self._refusal(state, tool)
         if refusal is None and signed is not None:
@@ -378,15 +418,50 @@ class Preflight:
         )
         if cause is not None and final.action_key is not None:
             self.unsettled[final.action_key] = final  # before publishing: held even if recording fails
+        if not await_outcome:
+            task = asyncio.get_running_loop().create_task(self._record_outcome(event, final, outcome))
+            self._recording.add(task)
+            task.add_done_callback(self._recording.discard)
+            return outcome
         try:
             await self.sink.publish([event])
-            await self.storage.persist(final.storage_key, self._durable(final))
+            await self._persist(final)
         except Exception as exc:
             raise RecordingError(
                 f"the tool was called ({outcome.status}) but the outcome could not be recorded: {exc}",
                 outcome,
             ) from exc
         return outcome
+
+    async def _record_outcome(self, event: PreflightEvent, final: ExecutionRecord, outcome: ExecutionOutcome) -> None:
+        """Record an outcome after its answer, retried; a last failure is an `OutcomeNotRecorded`, logged and
+        told (never dropped silently). A retry may publish the event twice: consumers keep one (event id)."""
+        for wait in (*OUTCOME_RETRY_S, None):
+            try:
+                await self.sink.publish([event])
+                await self._persist(final)
+                return
+            except Exception as exc:
+                failure = exc
+            if wait is not None:
+                log.warning("the outcome of run %s is not recorded yet (%s); retrying", event.run_id, failure)
+                await asyncio.sleep(wait)
+        error = OutcomeNotRecorded(
+            f"the tool was called ({outcome.status}) but the outcome of run {event.run_id} could not be recorded"
+            f" after {len(OUTCOME_RETRY_S) + 1} attempts: {failure}",
+            outcome,
+        )
+        log.error("%s", error)
+        if self.on_outcome_not_recorded is not None:
+            try:
+                self.on_outcome_not_recorded(error)
+            except Exception:  # a listener's own failure must not hide the error it was told of
+                log.exception("the listener of an unrecorded outcome failed")
+
+    async def drain(self) -> None:
+        """Wait until every outcome being recorded after its answer is recorded, or reported unrecorded."""
+        while self._recording:
+            await asyncio.gather(*self._recording, return_exceptions=True)
 
     def restore_unsettled(self, events: Sequence[PreflightEvent]) -> ExecutionRecord:
         """Hold again a run whose call's effect is unknown, from its events (kept by the caller across a
@@ -461,7 +536,7 @@ class Preflight:
         )
         try:
             await self.sink.publish([event])
-            await self.storage.persist(final.storage_key, self._durable(final))
+            await self._persist(final)
         except Exception as exc:
             raise RecordingError(f"the read-back could not be recorded: {exc}") from exc
         if state.action_key is not None and self.unsettled.get(state.action_key) is state:
@@ -511,8 +586,9 @@ class Preflight:
             ) from exc
         return ExecutionOutcome(status="held", state=state, reason=refusal.reason, code=refusal.code, refusal=record)
 
-    def _signing(self) -> Sign | None:
-        """How this engine signs its `execute` decisions (None: it does not)."""
+    def _signing(self, signed: list[SignedDecision]) -> Sign | None:
+        """How this engine signs its `execute` decisions (None: it does not); each decision it signs is
+        appended to `signed`."""
         signer = self._signer
         if signer is None:
             return None
@@ -524,13 +600,15 @@ class Preflight:
                     raise TypeError(f"a signed decision needs a {name}")
                 return value
 
-            return signer.sign(
+            decision = signer.sign(
                 decision_id=text("decision_id"),
                 run_id=text("run_id"),
                 action_key=fields["action_key"],
                 tool_name=text("tool_name"),
                 arguments_digest=text("arguments_digest"),
-            ).event_fields()
+            )
+            signed.append(decision)
+            return decision.event_fields()
 
         return sign
 
@@ -544,13 +622,14 @@ class Preflight:
         if ref is None or not state.run_events or state.fields is None or state.fixed is None:
             return Refusal("state_unrecorded", "this state was not recorded by this preflight"), None
         own = ref.run_id in self._recorded
+        pending: _Pending | None = None
         if own:
-            recorded_digest = self._executable.get(ref.run_id)
-            if recorded_digest is None:
+            pending = self._executable.get(ref.run_id)
+            if pending is None:
                 return Refusal(
                     "decision_replayed", "this decision was already acted on (or is no longer pending)"
                 ), None
-            if _record_digest(state) != recorded_digest:
+            if ref != pending.ref or _record_digest(state) != pending.digest:
                 return Refusal("state_altered", "this state differs from the decision that was recorded"), None
         elif self._verifier is None:
             return Refusal("state_unrecorded", "this state was not recorded by this preflight"), None
@@ -567,6 +646,13 @@ class Preflight:
             return Refusal("tool_mismatch", f"the tool given ({name}) is not the one judged ({judged})"), None
         if self._verifier is None:
             return None, None
+        if pending is not None and pending.signed is not None:
+            # This engine signed it and recorded it, and the state is still what was recorded (its digest):
+            # verifying its own signature and digest again proves nothing new. Its validity window still holds.
+            late = self._verifier.check_times(pending.signed, self._verifier.now())
+            if late is not None:
+                return Refusal("decision_unverified", f"the signed decision is refused: {late}"), None
+            return None, pending.signed
         return self._signature_refusal(state, ref, unsigned_ok=own and self._signer is None)
 
     def _signature_refusal(
@@ -598,6 +684,16 @@ class Preflight:
             if getattr(signed, name) != value:
                 return Refusal("state_altered", f"the signed decision is refused: its {name} is not this state's"), None
         return None, signed
+
+
+@dataclass(frozen=True)
+class _Pending:
+    """An `execute` decision this engine recorded and has not acted on: the digest of its record, its run
+    reference, and the decision it signed (None: unsigned)."""
+
+    digest: str
+    ref: RunRef
+    signed: SignedDecision | None
 
 
 def _output_schema(tool: Any) -> dict[str, Any] | None:

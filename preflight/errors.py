@@ -34,6 +34,14 @@ class RecordingError(PreflightError):
         self.outcome = outcome
 
 
+class OutcomeNotRecorded(RecordingError):
+    """A call's outcome, recorded after its answer (a read's, `Preflight.execute_if_ready` with
+    ``await_outcome=False``), could not be made durable even after retries: the tool was called (`outcome`
+    says how it ended) and its run stays open in the log, never counted executed. Check the event log
+    (broker); the call is never retried for it.
+    """
+
+
 class EventDecodeError(PreflightError, ValueError):
     """Bytes or a mapping could not be read as a preflight event of a supported type and version.
 

@@ -17,6 +17,11 @@ class Storage(Protocol):
 
     `persist` appends; `load` returns the latest record under the key whose decision is `executed`
     (the tier-4 baseline), or None. Nothing else may ever be returned as a baseline.
+
+    A storage whose `persist` keeps nothing (its `load` reads what the event log folded, as
+    `preflight.adapters.baseline.BaselineStorage` does) may say so with a class attribute
+    ``keeps_records = False``: the engine then does not build the record only for it to be discarded,
+    and does not call `persist`.
     """
 
     async def persist(self, key: str, record: ExecutionRecord) -> None: ...

@@ -90,6 +90,8 @@ import hmac
 import json
 import os
 import re
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -145,6 +147,8 @@ _KID = re.compile(r"([0-9a-f]{32})\.([1-9][0-9]{0,9})")
 _TOKEN = re.compile(r"tk1\.[0-9a-f]{32}")
 _NONCE_BYTES = 12
 _KEY_BYTES = 32
+#: How many subject keys' derived keys a `ValueProtector` keeps for its sealers (least recently used go).
+DERIVED_KEYS_KEPT = 1024
 
 # ---- erasure ---------------------------------------------------------------------------------------
 
@@ -234,6 +238,15 @@ class _Keys:
     def wipe(self) -> None:
         _wipe(self._enc, self._token, self._digest, self._pseudonym)
 
+    def copy(self, aesgcm: type[AESGCM]) -> _Keys:
+        """A copy of these keys, to be wiped on its own (no derivation repeated)."""
+        copy = object.__new__(_Keys)
+        copy.kid = self.kid
+        copy._enc, copy._token = bytearray(self._enc), bytearray(self._token)
+        copy._digest, copy._pseudonym = bytearray(self._digest), bytearray(self._pseudonym)
+        copy.cipher = aesgcm(bytes(copy._enc))
+        return copy
+
 
 def _aad(kid: str, run_id: str, slot: str, token: str) -> bytes:
     return canonical_json({"alg": ALGORITHM, "kid": kid, "run": run_id, "slot": slot, "token": token})
@@ -306,10 +319,10 @@ def _parts(sealed: Any) -> tuple[str, bytes, bytes, str, bool]:
 class RunSealer:
     """Seals one run's values for one subject: built by `ValueProtector.sealer`, closed after the run."""
 
-    def __init__(self, key: SubjectKey, run_id: str, aesgcm: type[AESGCM]) -> None:
+    def __init__(self, keys: _Keys, run_id: str) -> None:
         self.run_id = run_id
-        self.kid = key.kid
-        self._keys = _Keys(key, aesgcm)
+        self.kid = keys.kid
+        self._keys = keys
         #: The keyed digest of the run's arguments, which `admission_assessed` carries in place of the
         #: unkeyed one the admission policy computed (set by `preflight.emit.run_events`).
         self.arguments_digest: str | None = None
@@ -417,6 +430,10 @@ class ValueProtector:
                 raise TypeError(f"keystore must have {method}(); got {type(keystore).__name__}")
         self.keystore = keystore
         self._aesgcm = _aesgcm_class()
+        # The keys derived from each subject key lately handed out, by key id, with its secret's SHA-256: reused
+        # only while the key store hands out the same key (`_derived`), zeroed when replaced or evicted.
+        self._derived_keys: OrderedDict[str, tuple[bytes, _Keys]] = OrderedDict()
+        self._lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"ValueProtector({self.keystore!r})"
@@ -428,9 +445,29 @@ class ValueProtector:
         """
         key = self.keystore.key_for(subject)
         try:
-            return RunSealer(key, run_id, self._aesgcm)
+            return RunSealer(self._derived(key), run_id)
         finally:
             key.wipe()
+
+    def _derived(self, key: SubjectKey) -> _Keys:
+        """A copy (the caller wipes it) of the keys derived from `key`, derived once per key the store hands
+        out: the key store is asked every time (an erased or rotated key is never handed out again), and its
+        answer's secret must equal the one the kept keys were derived from, or they are derived again."""
+        secret = hashlib.sha256(key.secret).digest()  # what tells the same key from another: no key in it
+        with self._lock:
+            kept = self._derived_keys.get(key.kid)
+            if kept is not None and hmac.compare_digest(kept[0], secret):
+                self._derived_keys.move_to_end(key.kid)
+                return kept[1].copy(self._aesgcm)
+        derived = _Keys(key, self._aesgcm)
+        with self._lock:
+            handle = key.kid.partition(".")[0]
+            for kid in [k for k in self._derived_keys if k == key.kid or k.partition(".")[0] == handle]:
+                self._derived_keys.pop(kid)[1].wipe()  # the subject's other generations are erased or gone
+            self._derived_keys[key.kid] = (secret, derived)
+            while len(self._derived_keys) > DERIVED_KEYS_KEPT:
+                self._derived_keys.popitem(last=False)[1][1].wipe()
+            return derived.copy(self._aesgcm)
 
     def seal(self, value: Any, *, subject: str | None, run_id: str, slot: str) -> dict[str, str]:
         """One JSON value sealed for `subject`, bound to `run_id` and `slot`."""

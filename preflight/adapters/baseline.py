@@ -99,6 +99,9 @@ class BaselineStorage:
         self.timeout_s = timeout_s
         self.protector = protector
 
+    #: `persist` keeps nothing, so the engine builds no record for it (`preflight.ports.Storage`).
+    keeps_records = False
+
     async def persist(self, key: str, record: ExecutionRecord) -> None:
         """Accept the record and keep nothing: its events, already published by the sink, are the record.
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import threading
+from collections import OrderedDict
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -15,6 +17,25 @@ from preflight.keys import KEY_BYTES as _KEY_BYTES
 from preflight.keys import SubjectKey, make_kid, parse_kid, subject_handle
 
 __all__ = ["FileKeyStore"]
+
+
+#: A file's identity: (inode, device, mode, size, mtime ns, ctime ns), or None when it is absent.
+_Identity = tuple[int, int, int, int, int, int] | None
+_Stamp = tuple[_Identity, _Identity]
+
+
+def _identity(path: Path) -> _Identity:
+    try:
+        info = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise KeyStoreError(f"cannot read key file {path.name}: {exc.strerror}") from exc
+    return (info.st_ino, info.st_dev, info.st_mode, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+
+
+def _copy(key: SubjectKey | None) -> SubjectKey | None:
+    return SubjectKey(key.kid, key.secret) if key is not None else None
 
 
 def _now() -> str:
@@ -39,7 +60,18 @@ class FileKeyStore:
     Overwriting cannot reach copies the file system or the disk keep elsewhere (journals, copy-on-write
     snapshots, SSD remapping) nor backups: keep the key directory out of backups, or on storage whose
     copies are erased with it. Files readable by group or others are refused.
+
+    What it read of a subject's two files (its current key and its erased ids) is kept in memory while both
+    files stay as they were: each call compares their identity (``os.stat``: inode, device, mode, size,
+    modification and change times; "absent" for a missing file) with the identity they had when read, and
+    reads them again on any difference. An erase or a new generation, by this process or another one,
+    changes the erased marker (replaced, and longer by one id each time) and the key file, so no key is
+    used from memory after it was erased or rotated; this store's own `erase` also drops (and zeroes) the
+    kept copy at once. At most `CACHED_SUBJECTS` subjects are kept (the least recently used go first).
     """
+
+    #: How many subjects' keys are kept in memory between calls.
+    CACHED_SUBJECTS = 1024
 
     _MAGIC = b"PFK1"
     _FILE_BYTES = 4 + 4 + _KEY_BYTES
@@ -52,6 +84,9 @@ class FileKeyStore:
             raise KeyStoreError(f"cannot create the key directory {self.directory}: {exc.strerror}") from exc
         if not self.directory.is_dir():
             raise KeyStoreError(f"the key directory {self.directory} is not a directory")
+        # Per subject handle: the identity of its two files when read, its erased ids, its current key.
+        self._kept: OrderedDict[str, tuple[_Stamp, dict[str, str], SubjectKey | None]] = OrderedDict()
+        self._lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"FileKeyStore({str(self.directory)!r})"
@@ -60,8 +95,7 @@ class FileKeyStore:
 
     def key_for(self, subject: str | None) -> SubjectKey:
         handle = subject_handle(subject)
-        erased = self._erased(handle)
-        current = self._read(handle)
+        erased, current = self._state(handle)
         if current is not None and current.kid in erased:
             current.wipe()
             self._shred(handle)  # an erase that was interrupted before the key file was gone
@@ -73,9 +107,11 @@ class FileKeyStore:
 
     def key_by_id(self, kid: str) -> SubjectKey:
         handle, _ = parse_kid(kid)
-        if kid in self._erased(handle):
+        erased, current = self._state(handle)
+        if kid in erased:
+            if current is not None:
+                current.wipe()
             raise ValueErased(f"key {kid} was erased")
-        current = self._read(handle)
         if current is None or current.kid != kid:
             if current is not None:
                 current.wipe()
@@ -84,6 +120,7 @@ class FileKeyStore:
 
     def erase(self, subject: str | None) -> list[str]:
         handle = subject_handle(subject)
+        self._forget(handle)
         erased = self._erased(handle)
         current = self._read(handle)
         kids: list[str] = []
@@ -94,7 +131,43 @@ class FileKeyStore:
         entries += [{"kid": kid, "erased_at": _now()} for kid in kids if kid not in erased]
         self._write_marker(handle, entries)
         self._shred(handle)
+        self._forget(handle)
         return kids
+
+    # -- what was read, kept while the files stay as they were -------------------------------------------
+
+    def _stamp(self, handle: str) -> _Stamp:
+        """The identity of the subject's key file and erased marker (None for a file that is absent)."""
+        return (_identity(self._path(handle, ".key")), _identity(self._path(handle, ".erased")))
+
+    def _state(self, handle: str) -> tuple[dict[str, str], SubjectKey | None]:
+        """The subject's erased ids and a copy of its current key (None: none), read again whenever either
+        file's identity differs from when they were last read."""
+        stamp = self._stamp(handle)  # taken before reading: a change while reading is seen next time
+        with self._lock:
+            kept = self._kept.get(handle)
+            if kept is not None and kept[0] == stamp:
+                self._kept.move_to_end(handle)
+                return dict(kept[1]), _copy(kept[2])
+        erased = self._erased(handle)
+        current = self._read(handle)
+        with self._lock:
+            self._drop(handle)
+            self._kept[handle] = (stamp, erased, _copy(current))
+            while len(self._kept) > self.CACHED_SUBJECTS:
+                _, (_, _, key) = self._kept.popitem(last=False)
+                if key is not None:
+                    key.wipe()
+        return dict(erased), current
+
+    def _drop(self, handle: str) -> None:
+        kept = self._kept.pop(handle, None)
+        if kept is not None and kept[2] is not None:
+            kept[2].wipe()
+
+    def _forget(self, handle: str) -> None:
+        with self._lock:
+            self._drop(handle)
 
     # -- files -------------------------------------------------------------------------------------------
 

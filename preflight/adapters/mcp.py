@@ -491,7 +491,10 @@ class GuardedSession:
     so signing, sealing, ``require_approval`` and the event sink are its settings. With ``shadow=True``
     every decision is recorded and every call is forwarded unchanged (to measure before enforcing), through
     an unkeyed run of its own that records the outcome (never a baseline). With ``admit_reads=True`` a
-    read-only tool's calls are admitted, not preflighted (SPEC §2.7, `preflight.reads`), as the gateway does.
+    read-only tool's calls are admitted, not preflighted (SPEC §2.7, `preflight.reads`), as the gateway does;
+    such a read answers once its decision is acknowledged and the tool answered, and its outcome is recorded
+    just after (`Preflight.execute_if_ready` with ``await_outcome=False``): call ``preflight.drain()`` before
+    the event sink stops.
     """
 
     def __init__(
@@ -690,7 +693,9 @@ class GuardedSession:
             return GuardedOutcome("held", name, reason=f"fail closed: the decision was not recorded ({exc})")
         if state.execution_decision != "execute":
             return GuardedOutcome("held", name, state, reason=state.reason, gate=getattr(state.gate, "kind", None))
-        return await self._execute(state, tool)
+        # A read's answer does not wait for its outcome's acknowledgement: the engine records it after
+        # (retried; a last failure is a named `OutcomeNotRecorded`). Its decision was recorded before the call.
+        return await self._execute(state, tool, await_outcome=False)
 
     async def _shadow(self, tool: Mapping[str, Any], proposal: Any, judged: ExecutionRecord) -> GuardedOutcome:
         """Shadow mode: the call forwarded unchanged, through a run of its own that records its outcome,
@@ -709,7 +714,9 @@ class GuardedSession:
             return GuardedOutcome("forwarded", name, judged, result=done.result, reason=why, decision=done.decision)
         return done
 
-    async def _execute(self, state: ExecutionRecord, tool: Mapping[str, Any]) -> GuardedOutcome:
+    async def _execute(
+        self, state: ExecutionRecord, tool: Mapping[str, Any], *, await_outcome: bool = True
+    ) -> GuardedOutcome:
         name = str(tool["name"])
         decision_id = state.run_ref.decision_id if state.run_ref is not None else None
         meta = {IDEMPOTENCY_META_KEY: decision_id} if decision_id else {}
@@ -727,7 +734,7 @@ class GuardedSession:
 
         # The engine calls with its settled arguments and reads the result (`preflight.results`: an
         # ``isError`` result is `failed`); a call that raises (an upstream gone) is `failed` too.
-        outcome = await self.preflight.execute_if_ready(state, tool, call)
+        outcome = await self.preflight.execute_if_ready(state, tool, call, await_outcome=await_outcome)
         result = outcome.result if isinstance(outcome.result, CallToolResult) else None
         if outcome.status == "held":
             return GuardedOutcome("held", name, outcome.state, reason=outcome.reason, decision=decision_id)

@@ -202,3 +202,32 @@ class TestExecuteIfReady:
         with pytest.raises(RecordingError) as caught:
             await pf.execute_if_ready(state, sc.BANK_TOOL, CallLog())
         assert getattr(caught.value.outcome, "status", None) == "executed"
+
+
+class KeepsNothing(MemoryStorage):
+    """A storage that keeps no record (as the fold worker's `BaselineStorage` does): its persist must not
+    be called, so no record is built for it."""
+
+    keeps_records = False
+
+    async def persist(self, key: str, record: ExecutionRecord) -> None:
+        raise AssertionError("persist called on a storage that keeps no records")
+
+
+class TestAStorageThatKeepsNothing:
+    async def test_gets_no_record_and_the_run_still_records_and_executes(self) -> None:
+        sink = MemoryEventSink()
+        pf = create_preflight(hooks=hooks(), storage=KeepsNothing(), sink=sink)
+        state = await pf.run_and_record(transfer(**READY))
+        calls = CallLog()
+        outcome = await pf.execute_if_ready(state, sc.BANK_TOOL, calls)
+        assert outcome.status == "executed" and len(calls.calls) == 1
+        assert [e.event_type for e in sink.events][-1] == "executed"
+        assert rebuild_record(sink.events) == outcome.state
+
+    async def test_a_storage_that_keeps_records_gets_each_one(self) -> None:
+        storage = MemoryStorage()
+        pf = create_preflight(hooks=hooks(), storage=storage)
+        state = await pf.run_and_record(transfer(**READY))
+        outcome = await pf.execute_if_ready(state, sc.BANK_TOOL, CallLog())
+        assert [r.execution_decision for r in storage.history(outcome.state.storage_key)] == ["execute", "executed"]

@@ -239,6 +239,79 @@ class TestFileKeyStore:
             FileKeyStore(tmp_path / "file")
 
 
+class TestKeysKeptInMemory:
+    """A file key store and a protector keep keys between calls, but never use one after it was erased or
+    rotated, by this process or another one (another store on the same directory stands for it)."""
+
+    def test_a_key_erased_by_another_process_is_never_used_again(self, tmp_path: Path) -> None:
+        mine = FileKeyStore(tmp_path)
+        pr = ValueProtector(mine)
+        before = pr.seal("2200119", subject="u_01", run_id=RUN, slot=SLOT)
+        kid = mine.key_for("u_01").kid
+        assert pr.sealer("u_01", RUN).kid == kid  # kept: the same key
+        erase(FileKeyStore(tmp_path), "u_01")  # another process erases the subject
+        with pytest.raises(ValueErased):
+            mine.key_by_id(kid)
+        with pytest.raises(ValueErased):
+            pr.open(before, run_id=RUN, slot=SLOT)
+        after = pr.seal("2200119", subject="u_01", run_id=RUN, slot=SLOT)
+        assert after["kid"] == f"{subject_handle('u_01')}.2"
+        assert ValueProtector(FileKeyStore(tmp_path)).open(after, run_id=RUN, slot=SLOT) == "2200119"
+
+    def test_a_key_file_replaced_under_the_same_id_is_read_again(self, tmp_path: Path) -> None:
+        mine = FileKeyStore(tmp_path)
+        pr = ValueProtector(mine)
+        pr.seal("x", subject="u_01", run_id=RUN, slot=SLOT)  # the derived keys are kept now
+        old = bytes(mine.key_for("u_01").secret)
+        (tmp_path / f"{subject_handle('u_01')}.key").unlink()  # gone, and made again by another process:
+        theirs = FileKeyStore(tmp_path).key_for("u_01")  # generation 1 again, another secret
+        assert bytes(theirs.secret) != old
+        assert mine.key_for("u_01").secret == theirs.secret
+        sealed = pr.seal("y", subject="u_01", run_id=RUN, slot=SLOT)
+        assert ValueProtector(FileKeyStore(tmp_path)).open(sealed, run_id=RUN, slot=SLOT) == "y"
+
+    def test_this_stores_own_erase_drops_the_kept_key(self, tmp_path: Path) -> None:
+        store = FileKeyStore(tmp_path)
+        pr = ValueProtector(store)
+        kid = pr.sealer("u_01", RUN).kid
+        erase(store, "u_01")
+        with pytest.raises(ValueErased):
+            store.key_by_id(kid)
+        assert pr.sealer("u_01", RUN).kid == f"{subject_handle('u_01')}.2"
+
+    def test_unchanged_files_are_read_once(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        store = FileKeyStore(tmp_path)
+        read: list[str] = []
+        real = store._read
+
+        def counted(handle: str) -> SubjectKey | None:
+            read.append(handle)
+            return real(handle)
+
+        monkeypatch.setattr(store, "_read", counted)
+        first = store.key_for("u_01")
+        store.key_for("u_01")  # the first use created the file: what is kept is from after that
+        read.clear()
+        for _ in range(3):
+            assert store.key_for("u_01").secret == first.secret
+            assert store.key_by_id(first.kid).secret == first.secret
+        assert read == []
+        os.utime(tmp_path / f"{subject_handle('u_01')}.key")  # touched: read again
+        store.key_for("u_01")
+        assert read == [subject_handle("u_01")]
+
+    def test_kept_keys_are_copies(self, tmp_path: Path) -> None:
+        store = FileKeyStore(tmp_path)
+        key = store.key_for("u_01")
+        secret = bytes(key.secret)
+        key.wipe()
+        assert bytes(store.key_for("u_01").secret) == secret
+        sealer = ValueProtector(store).sealer("u_01", RUN)
+        sealer.close()  # zeroes the sealer's copy of the derived keys, never the kept ones
+        sealed = ValueProtector(store).seal("z", subject="u_01", run_id=RUN, slot=SLOT)
+        assert ValueProtector(FileKeyStore(tmp_path)).open(sealed, run_id=RUN, slot=SLOT) == "z"
+
+
 class TestSubjectKey:
     def test_secrets_never_show_and_wipe_zeroes_them(self) -> None:
         key = MemoryKeyStore().key_for("u_01")

@@ -39,6 +39,7 @@ from preflight import (
 )
 from preflight import scenario as sc
 from preflight.events import ExecutionApproved, PreflightEvent, content_hash, seal
+from preflight.replay import MemoryReplayStore
 from preflight.scenario import dump, hooks, transfer
 from preflight.signing import PAYLOAD_DOMAIN, ReplayCache, format_time, key_id_of
 from tests.unit.test_fold import wire
@@ -296,6 +297,34 @@ class TestSignedExecution:
         assert (await pf.execute_if_ready(state, sc.BANK_TOOL, calls)).status == "executed"
         again = await pf.execute_if_ready(state, sc.BANK_TOOL, calls)
         assert again.status == "held"
+        assert len(calls.calls) == 1
+
+    async def test_a_state_altered_between_its_run_and_its_record_is_held(self) -> None:
+        """This engine's own decision is checked by its record digest, not re-verified; a state changed after
+        it was signed is not the signed one, and its signature is then verified (and refused)."""
+        pf = signed_engine()
+        state = await pf.run(transfer(**READY))
+        assert state.fields is not None
+        fields = [f.model_copy(update={"value": "6666"}) if f.name == "to_account" else f for f in state.fields]
+        altered = await pf.record(state.model_copy(update={"fields": fields}))
+        calls = CallLog()
+        outcome = await pf.execute_if_ready(altered, sc.BANK_TOOL, calls)
+        assert outcome.status == "held" and outcome.code == "state_altered"
+        assert "arguments_digest" in outcome.reason
+        assert calls.calls == []
+
+    async def test_an_own_decision_is_still_claimed_once(self) -> None:
+        """Not re-verifying its own signature does not skip the nonce's claim: a second engine sharing the
+        replay store cannot act on a decision this one already acted on."""
+        store = MemoryReplayStore()
+        signer = DecisionSigner.generate()
+        pf = signed_engine(signer, replay_store=store)
+        state = await pf.run_and_record(transfer(**READY))
+        calls = CallLog()
+        assert (await pf.execute_if_ready(state, sc.BANK_TOOL, calls)).status == "executed"
+        other = signed_engine(signer, replay_store=store)
+        replayed = await other.execute_if_ready(state, sc.BANK_TOOL, calls)
+        assert replayed.status == "held" and replayed.code == "decision_replayed"
         assert len(calls.calls) == 1
 
     async def test_a_signer_that_fails_makes_the_run_a_hold(self) -> None:
