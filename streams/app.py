@@ -347,6 +347,8 @@ class Folder:
         self.stores = 0
         self.store_s = 0.0
         self.store_wait_s = 0.0
+        #: Since the first batch: the seconds the agent waited for the next batch (`take_events`).
+        self.batch_wait_s = 0.0
         #: Per partition, the batch whose writes are on their way to the broker (`_apply`, `_store`).
         self._in_flight: dict[int, asyncio.Task[None]] = {}
         #: The next offsets this process committed to the consumer group, per partition.
@@ -870,6 +872,7 @@ class Folder:
                 "stores": self.stores,
                 "store_s": round(self.store_s, 3),
                 "store_wait_s": round(self.store_wait_s, 3),
+                "batch_wait_s": round(self.batch_wait_s, 3),
                 "rebalances": self.rebalances,
                 "restored_records": getattr(self.table, "restored_records", None),
                 "restore_s": getattr(self.table, "restore_s", None),
@@ -1001,8 +1004,12 @@ def create_app(settings: WorkerSettings) -> faust.App:
         )
 
     async def fold(stream: Any) -> None:
+        waiting = time.monotonic()
         async for batch in stream.take_events(settings.batch_size, within=settings.batch_within_s):
+            if folder.first_fold_at is not None:  # after the first batch: the agent waited for this one
+                folder.batch_wait_s += time.monotonic() - waiting
             await folder.fold_batch(batch)
+            waiting = time.monotonic()
 
     async def revoked(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
         await folder.on_revoked()
