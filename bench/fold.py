@@ -374,6 +374,13 @@ async def bench(args: argparse.Namespace) -> None:
             f" {result['wall']:.1f} s wall from process start (start-up and group join included)"
         )
         print(f"fold/raw: {fold_rate / raw_rate:.2f}x (target >= 0.5x)")
+        if "stores" in since:
+            print(
+                f"the worker's writes: {since['stores']:,} batches stored, {since['store_s']:.2f} s from send to"
+                f" acknowledged and committed, of which the fold waited {since['store_wait_s']:.2f} s (the rest"
+                " overlapped the next batch's fold); the agent waited"
+                f" {since['batch_wait_s']:.2f} s for its batches (take_events: the consumer's fetches and window)"
+            )
         cpu = sorted(result["cpu"].items(), key=lambda kv: -kv[1])
         worker_cpu = sum(result["cpu"].values())
         print(

@@ -294,7 +294,8 @@ class Folder:
     restore did not read is applied (`restore_tail`, before the streams resume), then the owned
     partitions are folded from the log up to its end (`catch_up`); only then is the worker ready.
     Every write goes to the table's changelog and is acknowledged by the broker before the partition's
-    new stored offset is committed to the consumer group: what is committed is what is stored.
+    new stored offset is committed to the consumer group: what is committed is what is stored. A batch is
+    folded while the previous batch's writes are in flight (at most one per partition, `_apply`).
     """
 
     def __init__(
@@ -340,6 +341,16 @@ class Folder:
         self.restored: dict[int, int] = {}
         self.failed_batches = 0
         self.commit_failures = 0
+        self.store_failures = 0
+        #: Since the process started: the batches stored, the seconds their writes took to be acknowledged
+        #: and committed, and the seconds the fold waited for them (the rest overlapped the next fold).
+        self.stores = 0
+        self.store_s = 0.0
+        self.store_wait_s = 0.0
+        #: Since the first batch: the seconds the agent waited for the next batch (`take_events`).
+        self.batch_wait_s = 0.0
+        #: Per partition, the batch whose writes are on their way to the broker (`_apply`, `_store`).
+        self._in_flight: dict[int, asyncio.Task[None]] = {}
         #: The next offsets this process committed to the consumer group, per partition.
         self.committed: dict[int, int] = {}
         #: Per owned partition, the states' counts summed (`streams.view.totals`), kept up to date by
@@ -420,6 +431,7 @@ class Folder:
             task.cancel()
             with contextlib.suppress(BaseException):
                 await task
+        await self.drain()  # the batches in flight reach the changelog before the next owner reads it
 
     async def on_assigned(self) -> None:
         """An assignment is complete and the table restored, before Faust resumes the streams: apply the
@@ -496,6 +508,7 @@ class Folder:
                 except Exception:  # e.g. the broker is not answering yet: stay not ready, and retry
                     log.exception("catching up from the log failed; retrying in 1 s")
                     await asyncio.sleep(1.0)
+        await self.drain(owned)
         self.recount(owned)
         # Faust seeks the streams to the group's committed offsets once the assignment's recovery is done, then
         # resumes the flow. Committing before that seek would move where the consumer resumes -- past the
@@ -588,8 +601,15 @@ class Folder:
             cursor = stop
 
     async def _apply(self, partition: int, items: Sequence[Any]) -> None:
-        """Fold `items` on top of the partition's stored state; store the changed states, then the new
-        progress, wait until the broker has acknowledged every write, and commit the new stored offset."""
+        """Fold `items` on top of the partition's state, while the previous batch's writes are still on their
+        way to the broker; once those are acknowledged, put this batch's states in the table and send its
+        writes (`_store`, in the background): the dead letters, the changed states, then the new progress.
+
+        At most one batch per partition is in flight, and a batch's writes go out only after the broker has
+        acknowledged the previous batch's: the changelog never holds a batch without every batch before it,
+        so whatever prefix of it a restart reads is a state the fold reached. The table holds the folded
+        batch only once the previous one is stored and the partition still owned (a revoke while waiting
+        leaves the table as it is stored, and the batch is folded again by its next owner)."""
         if partition not in self.assigned:
             raise NotOwnedError(f"partition {partition} is not assigned to this worker (any more)")
         if self.first_fold_at is None:
@@ -602,23 +622,73 @@ class Folder:
         self.re_read[partition] += result.re_read
         if result.progress == before:
             return
-        if result.dead_letters:
-            await self._publish(result.dead_letters)
+        progress = result.progress.to_json()
+        # Only the parts each message changed, in order, then the progress, encoded while the previous batch
+        # is in flight.
+        records = [
+            (key.encode(), encode_changelog_value(value))
+            for key, value in [*result.records, (progress_key(partition), progress)]
+        ]
+        waiting = time.monotonic()
+        await self._stored(partition)
+        self.store_wait_s += time.monotonic() - waiting
+        if partition not in self.assigned:
+            raise NotOwnedError(f"partition {partition} was revoked while its previous batch was being stored")
         counts = self._counts.setdefault(partition, Counter())
         for key, state in result.writes.items():
             _count_change(counts, self.state(state_key(key)), state)
             self.table.data[state_key(key)] = state
-        progress = result.progress.to_json()
         self.table.data[progress_key(partition)] = progress
-        # Only the parts each message changed, in order, then the progress: acknowledged by the broker, stored.
-        await self._send_changelog(partition, [*result.records, (progress_key(partition), progress)])
-        self.last_fold_at = time.time()
-        await self._commit({partition: result.progress.offset + 1})
+        self._in_flight[partition] = asyncio.create_task(
+            self._store(partition, result.dead_letters, records, result.progress.offset + 1),
+            name=f"store-partition-{partition}",
+        )
 
-    async def _send_changelog(self, partition: int, records: Sequence[tuple[str, Any]]) -> None:
-        """Send `records` (table key, value) to the changelog partition of `partition` (the source partition,
-        as Faust routes a table written from a stream), in order, as few produce batches as their size allows
-        (`_CHANGELOG_BATCH_BYTES`), and wait until the broker has acknowledged them all.
+    async def _store(
+        self, partition: int, letters: Sequence[DeadLetter], records: Sequence[tuple[bytes, bytes]], next_offset: int
+    ) -> None:
+        """Publish a batch's dead letters, then its changelog records, wait until the broker has acknowledged
+        them all, and commit the new stored offset (`next_offset`).
+
+        Should the producer give up on a write (it retries for `producer_request_timeout`, 20 minutes by
+        default), the table holds more than the changelog does, and only a restart makes the two agree: the
+        worker stops (`App.crash`), and its next start restores what is stored and folds the rest again."""
+        began = time.monotonic()
+        try:
+            if letters:
+                await self._publish(letters)
+            await self._send_changelog(partition, records)
+            self.last_fold_at = time.time()
+        except Exception as exc:
+            self.store_failures += 1
+            log.critical("partition %d: a batch's writes were not stored (%r); stopping the worker", partition, exc)
+            await self.app.crash(exc)
+            raise
+        await self._commit({partition: next_offset})
+        self.stores += 1
+        self.store_s += time.monotonic() - began
+
+    async def _stored(self, partition: int) -> None:
+        """Wait until the batch of `partition` in flight, if any, is stored (and committed); raise if it failed."""
+        task = self._in_flight.get(partition)
+        if task is None:
+            return
+        await asyncio.shield(task)  # a cancelled waiter leaves the write to finish
+        if self._in_flight.get(partition) is task:
+            del self._in_flight[partition]
+
+    async def drain(self, partitions: Iterable[int] | None = None) -> None:
+        """Wait until every batch in flight (of `partitions`, else of every partition) is stored; a failed
+        one is logged by `_store` and stops the worker."""
+        wanted = set(self._in_flight) if partitions is None else set(partitions) & set(self._in_flight)
+        for partition in sorted(wanted):
+            with contextlib.suppress(Exception):
+                await self._stored(partition)
+
+    async def _send_changelog(self, partition: int, records: Sequence[tuple[bytes, bytes]]) -> None:
+        """Send `records` (encoded key, encoded value) to the changelog partition of `partition` (the source
+        partition, as Faust routes a table written from a stream), in order, as few produce batches as their
+        size allows (`_CHANGELOG_BATCH_BYTES`), and wait until the broker has acknowledged them all.
 
         Faust's `send_changelog` queues each record on its own (a future, a callback, its codec); a batch of a
         few hundred records costs the event loop more there than the fold of their messages. The bytes are
@@ -628,11 +698,10 @@ class Folder:
         pending = []
         batch = producer.create_batch()
         for key, value in records:
-            encoded = key.encode(), encode_changelog_value(value)
-            if batch.append(key=encoded[0], value=encoded[1], timestamp=None) is None:  # full: send, start anew
+            if batch.append(key=key, value=value, timestamp=None) is None:  # full: send, start anew
                 pending.append(await producer.send_batch(batch, topic, partition=partition))
                 batch = producer.create_batch()
-                batch.append(key=encoded[0], value=encoded[1], timestamp=None)  # a first record always fits
+                batch.append(key=key, value=value, timestamp=None)  # a first record always fits
         if batch.record_count():
             pending.append(await producer.send_batch(batch, topic, partition=partition))
         await asyncio.gather(*pending)
@@ -799,6 +868,11 @@ class Folder:
                 "restored": {str(p): v for p, v in self.restored.items()},
                 "failed_batches": self.failed_batches,
                 "commit_failures": self.commit_failures,
+                "store_failures": self.store_failures,
+                "stores": self.stores,
+                "store_s": round(self.store_s, 3),
+                "store_wait_s": round(self.store_wait_s, 3),
+                "batch_wait_s": round(self.batch_wait_s, 3),
                 "rebalances": self.rebalances,
                 "restored_records": getattr(self.table, "restored_records", None),
                 "restore_s": getattr(self.table, "restore_s", None),
@@ -930,8 +1004,12 @@ def create_app(settings: WorkerSettings) -> faust.App:
         )
 
     async def fold(stream: Any) -> None:
+        waiting = time.monotonic()
         async for batch in stream.take_events(settings.batch_size, within=settings.batch_within_s):
+            if folder.first_fold_at is not None:  # after the first batch: the agent waited for this one
+                folder.batch_wait_s += time.monotonic() - waiting
             await folder.fold_batch(batch)
+            waiting = time.monotonic()
 
     async def revoked(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
         await folder.on_revoked()
@@ -975,6 +1053,8 @@ def create_app(settings: WorkerSettings) -> faust.App:
             return self.bytes(generate_latest(registry), content_type=CONTENT_TYPE_LATEST.split(";")[0])
 
     async def close_backfill(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
+        with contextlib.suppress(Exception):  # a graceful stop stores the batches in flight (a kill need not)
+            await asyncio.wait_for(folder.drain(), _LOG_END_TIMEOUT_S * 5)
         for reader in (backfill, changelog, log_ends, restorer):
             await reader.close()
 

@@ -293,6 +293,11 @@ class TestRestart:
             f" {committed_at_kill}; after restart: {after['since_start']}"
         )
         assert folded_at_kill < total, "the worker finished before it was killed: raise the volume"
+        # Nothing was committed before the broker had acknowledged it stored: the group's committed offsets
+        # at the kill never pass the watermark the restarted worker restored from its changelog.
+        restored = {int(p): offset for p, offset in after["since_start"]["restored"].items()}
+        for p, committed in committed_at_kill.items():
+            assert committed is None or committed <= restored[p] + 1, (p, committed_at_kill, restored)
         # The table was restored by the worker's own changelog reader (`FoldTable`), not left to Faust's.
         assert after["since_start"]["restored_records"] > 0
         _assert_accounted(published, totals, total)
