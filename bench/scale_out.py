@@ -63,10 +63,11 @@ async def fold_with(
         while True:
             bodies = [(await p.get_async("/fold/status"))[1] for p in processes]
             if all(isinstance(b, dict) for b in bodies):
-                progress: dict[str, Any] = {}
+                # Stored, not only folded: the window ends when the last batch's writes are acknowledged.
+                stored: dict[str, Any] = {}
                 for body in bodies:
-                    progress.update(body.get("progress", {}))
-                if all(progress.get(str(p), {}).get("offset", -1) >= end - 1 for p, end in ends.items() if end):
+                    stored.update(body.get("stored", {}))
+                if all((stored.get(str(p)) or 0) >= end for p, end in ends.items() if end):
                     break
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{workers} worker(s) did not fold the topic in {timeout_s:g} s")

@@ -360,6 +360,9 @@ class Folder:
         self._log_end_at = -_LOG_END_TTL_S
         self.first_fold_at: float | None = None  # wall clock, for throughput measured in the worker
         self.last_fold_at: float | None = None
+        #: Per partition, the next offset whose batch's writes the broker has acknowledged (the status's
+        #: ``stored``: what a restart would resume from, where ``progress`` is what the table has folded).
+        self.stored: dict[int, int] = {}
 
     # ---- reading --------------------------------------------------------------------------------------
 
@@ -644,6 +647,14 @@ class Folder:
             name=f"store-partition-{partition}",
         )
 
+    def _stored_offset(self, partition: int) -> int | None:
+        """The next offset of `partition` whose writes the broker has acknowledged: the folded progress when no
+        batch is in flight (it came from the changelog or was stored), else the last batch stored."""
+        task = self._in_flight.get(partition)
+        if task is None or (task.done() and not task.cancelled() and task.exception() is None):
+            return self.progress(partition).offset + 1
+        return self.stored.get(partition)
+
     async def _store(
         self, partition: int, letters: Sequence[DeadLetter], records: Sequence[tuple[bytes, bytes]], next_offset: int
     ) -> None:
@@ -659,6 +670,7 @@ class Folder:
                 await self._publish(letters)
             await self._send_changelog(partition, records)
             self.last_fold_at = time.time()
+            self.stored[partition] = next_offset
         except Exception as exc:
             self.store_failures += 1
             log.critical("partition %d: a batch's writes were not stored (%r); stopping the worker", partition, exc)
@@ -858,6 +870,7 @@ class Folder:
             "assigned": partitions,
             "progress": {str(p): self.progress(p).to_json() for p in partitions},
             "committed": {str(p): self.committed.get(p) for p in partitions},
+            "stored": {str(p): self._stored_offset(p) for p in partitions},
             "starts": self.starts,
             "recovery_s": self.recovery_s,
             "since_start": {

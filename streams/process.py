@@ -196,6 +196,16 @@ class WorkerProcess:
 
         return await self.wait_for(reached, timeout_s=timeout_s, what=f"folded to end offsets {dict(ends)}")
 
+    async def wait_stored(self, ends: Mapping[int, int], timeout_s: float = 120.0) -> Any:
+        """Wait until each partition's writes are acknowledged up to `ends[p]` (its ``stored`` next offset):
+        folded and durable, where `wait_folded` waits only for the fold (its last batch may still be in flight)."""
+
+        def reached(body: Any) -> bool:
+            stored = body.get("stored", {})
+            return all(end == 0 or (stored.get(str(p)) or 0) >= end for p, end in ends.items())
+
+        return await self.wait_for(reached, timeout_s=timeout_s, what=f"stored to end offsets {dict(ends)}")
+
 
 def _json_or_none(data: bytes) -> Any:
     try:
