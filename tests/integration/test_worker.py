@@ -125,6 +125,11 @@ class TestBaseline:
             assert sc.field(nxt, "to_account")["value"] == "A-111"
 
         await rig.wait_caught_up()
+        stored = await rig.wait_stored()  # the status's stored offsets reach the end once the writes are acked
+        ends = await rig.end_offsets()
+        assert {int(p): o for p, o in stored["stored"].items() if ends.get(int(p))} == {
+            p: end for p, end in ends.items() if end
+        }
         totals = await rig.totals()
         assert totals["states"] == {
             "keys": 1,

@@ -202,6 +202,11 @@ class WorkerRig:
         result: dict[str, Any] = await self.process.wait_folded(await self.end_offsets(), PHASE_TIMEOUT_S)
         return result
 
+    async def wait_stored(self) -> dict[str, Any]:
+        """Wait until every partition's writes are acknowledged up to the topic's current end."""
+        result: dict[str, Any] = await self.process.wait_stored(await self.end_offsets(), PHASE_TIMEOUT_S)
+        return result
+
 
 # ---- runs made by the real engine -----------------------------------------------------------------------
 
