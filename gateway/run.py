@@ -32,8 +32,8 @@ from mcp.server.lowlevel.server import NotificationOptions
 from gateway import health
 from gateway.server import Gateway
 from gateway.sessions import SessionBinding
-from gateway.stdio import serve_stdio
 from gateway.settings import GatewaySettingsError, SettingsFile, TokenFile
+from gateway.stdio import serve_stdio
 from gateway.telemetry import GatewayMetrics
 from gateway.upstreams import Upstreams
 from gateway.warm import warm_up

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import os
 import stat
 from collections.abc import AsyncIterator
@@ -83,10 +84,10 @@ async def pipe_transport(
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader(limit=_CHUNK, loop=loop)
     read_transport, _ = await loop.connect_read_pipe(
-        lambda: asyncio.StreamReaderProtocol(reader, loop=loop), open(read_fd, "rb", buffering=0)
+        lambda: asyncio.StreamReaderProtocol(reader, loop=loop), io.FileIO(read_fd, "r")
     )
     write_transport, write_protocol = await loop.connect_write_pipe(
-        asyncio.streams.FlowControlMixin, open(write_fd, "wb", buffering=0)
+        asyncio.streams.FlowControlMixin, io.FileIO(write_fd, "w")
     )
     writer = asyncio.StreamWriter(write_transport, write_protocol, None, loop)
     incoming_in, incoming = anyio.create_memory_object_stream[SessionMessage | Exception](0)

@@ -13,7 +13,7 @@ import tempfile
 import termios
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import anyio
@@ -67,10 +67,8 @@ def pipes() -> Iterator[tuple[int, int, int, int]]:
         yield to_write, to_read, from_write, from_read
     finally:
         for fd in (to_write, from_read):
-            try:
+            with suppress(OSError):
                 os.close(fd)
-            except OSError:
-                pass
 
 
 async def test_a_line_split_across_reads_is_one_message() -> None:
