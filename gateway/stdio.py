@@ -10,8 +10,8 @@ JSON-RPC message, the same validation error, which the SDK's session reports) in
 of the kind `Server.run` takes; the SDK's session still does all the protocol work.
 
 As the SDK does, while serving fd 0 points at the null device and fd 1 at stderr (handlers and children
-read EOF, and stray prints miss the wire), both restored on exit. When stdin or stdout is not something
-the loop can attach to (a regular file, say) or the loop is not asyncio's, `serve_stdio` falls back to
+read EOF, and stray prints miss the wire), both restored on exit. When stdin or stdout is not a pipe or a
+socket (a regular file or a terminal, say) or the loop is not asyncio's, `serve_stdio` falls back to
 the SDK's `stdio_server`.
 """
 
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import io
 import os
 import stat
@@ -37,12 +38,13 @@ _CHUNK = 1 << 16
 
 
 def attachable(fd: int) -> bool:
-    """Whether the event loop can attach to `fd` as a pipe: a FIFO, a socket or a character device (tty)."""
+    """Whether `fd` is a pipe or a socket, which the event loop attaches to. A terminal is left to the SDK's
+    transport: the loop would make it non-blocking, and a terminal's stdout is often stderr's too."""
     try:
         mode = os.fstat(fd).st_mode
     except OSError:
         return False
-    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or stat.S_ISCHR(mode)
+    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
 
 
 def _parse(line: bytes) -> SessionMessage | Exception:
@@ -126,6 +128,7 @@ async def serve_stdio() -> AsyncIterator[tuple[ReadStream[SessionMessage | Excep
             yield streams
         return
     saved_in, saved_out = os.dup(0), os.dup(1)
+    flags = fcntl.fcntl(0, fcntl.F_GETFL), fcntl.fcntl(1, fcntl.F_GETFL)
     null = os.open(os.devnull, os.O_RDONLY)
     try:
         wire_in, wire_out = _claim(0, null), _claim(1, 2)
@@ -134,5 +137,7 @@ async def serve_stdio() -> AsyncIterator[tuple[ReadStream[SessionMessage | Excep
     finally:
         os.dup2(saved_in, 0)
         os.dup2(saved_out, 1)
+        for fd, flag in zip((0, 1), flags, strict=True):  # the loop made the wire non-blocking; the parent shares it
+            fcntl.fcntl(fd, fcntl.F_SETFL, flag)
         for fd in (saved_in, saved_out, null):
             os.close(fd)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import fcntl
 import io
 import os
+import socket
 import struct
 import sys
 import tempfile
@@ -157,13 +158,16 @@ async def test_large_messages_both_ways() -> None:
     assert parsed(written[0]) == answer
 
 
-def test_only_pipes_sockets_and_ttys_are_attachable() -> None:
+def test_only_pipes_and_sockets_are_attachable() -> None:
     read, write = os.pipe()
     try:
         assert attachable(read) and attachable(write)
     finally:
         os.close(read)
         os.close(write)
+    left, right = socket.socketpair()
+    with left, right:
+        assert attachable(left.fileno())
     with tempfile.TemporaryFile() as regular:
         assert not attachable(regular.fileno())
     assert not attachable(10_000)  # not open
@@ -176,11 +180,18 @@ async def test_an_sdk_client_and_server_over_the_transport_in_a_child_process() 
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     text = "ü" * (1 << 20)
-    async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
-        await session.initialize()
-        tools = await session.list_tools()
-        assert [tool.name for tool in tools.tools] == ["echo"]
-        for word in ("small", text, "after"):  # the handler's stray print never reaches the wire
-            result = await session.call_tool("echo", {"text": word})
-            assert not result.is_error
-            assert isinstance(result.content[0], TextContent) and result.content[0].text == word
+    with tempfile.TemporaryFile("w+") as errlog:
+        async with stdio_client(params, errlog=errlog) as (read, write), ClientSession(read, write) as session:
+            await talk(session, text)
+        errlog.seek(0)
+        assert errlog.read().count("stray output from a handler") == 3  # fd 1 pointed at stderr while serving
+
+
+async def talk(session: ClientSession, text: str) -> None:
+    await session.initialize()
+    tools = await session.list_tools()
+    assert [tool.name for tool in tools.tools] == ["echo"]
+    for word in ("small", text, "after"):  # the handler's stray print never reaches the wire
+        result = await session.call_tool("echo", {"text": word})
+        assert not result.is_error
+        assert isinstance(result.content[0], TextContent) and result.content[0].text == word
