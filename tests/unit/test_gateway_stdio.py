@@ -1,14 +1,17 @@
 """The gateway's stdio transport (`gateway.stdio`): line framing on real pipes, errors reported as the
 SDK's own `stdio_server` reports them, end of input ending the session, large messages, and a real SDK
-client talking to a real SDK server served by it in a child process."""
+client talking to a real SDK server served by it in a child process, and the fallback to the SDK's
+transport for a regular file."""
 
 from __future__ import annotations
 
 import fcntl
 import io
+import json
 import os
 import socket
 import struct
+import subprocess
 import sys
 import tempfile
 import termios
@@ -195,3 +198,27 @@ async def talk(session: ClientSession, text: str) -> None:
         result = await session.call_tool("echo", {"text": word})
         assert not result.is_error
         assert isinstance(result.content[0], TextContent) and result.content[0].text == word
+
+
+def test_a_regular_file_for_stdin_and_stdout_falls_back_to_the_sdks_transport(tmp_path: Path) -> None:
+    initialize = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}},
+    }
+    given, answer = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    given.write_text(json.dumps(initialize) + "\n")
+    with given.open("rb") as stdin, answer.open("wb") as stdout:
+        subprocess.run(
+            [sys.executable, str(ROOT / "tests" / "servers" / "pipe_stdio_server.py")],
+            stdin=stdin,
+            stdout=stdout,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            check=True,
+            timeout=60,
+        )
+    lines = answer.read_text().splitlines()
+    assert len(lines) == 1
+    reply = json.loads(lines[0])
+    assert reply["id"] == 1 and reply["result"]["serverInfo"]["name"] == "pipe-echo"
