@@ -7,7 +7,9 @@ read-only call that hop pair was part of the largest share of the added latency 
 ``loop.connect_write_pipe``, so a line is parsed and answered on the loop with no thread in between. The
 transport only frames lines: it yields the same `SessionMessage` objects (and, for a line that is not a
 JSON-RPC message, the same validation error, which the SDK's session reports) into anyio memory streams
-of the kind `Server.run` takes; the SDK's session still does all the protocol work.
+of the kind `Server.run` takes; the SDK's session still does all the protocol work. Measured against the
+SDK's transport (five alternating pairs): the MCP hops' share of a read's added time went from ~2.3 to
+~1.2 ms, the added p50 ~1.2 ms lower.
 
 As the SDK does, while serving fd 0 points at the null device and fd 1 at stderr (handlers and children
 read EOF, and stray prints miss the wire), both restored on exit. When stdin or stdout is not a pipe or a
