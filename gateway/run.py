@@ -28,12 +28,12 @@ from typing import Any, Literal, TextIO
 
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel.server import NotificationOptions
-from mcp.server.stdio import stdio_server
 
 from gateway import health
 from gateway.server import Gateway
 from gateway.sessions import SessionBinding
 from gateway.settings import GatewaySettingsError, SettingsFile, TokenFile
+from gateway.stdio import serve_stdio
 from gateway.telemetry import GatewayMetrics
 from gateway.upstreams import Upstreams
 from gateway.warm import warm_up
@@ -141,7 +141,7 @@ async def serve_gateway(
     """Serve `gateway` over `transport` until cancelled."""
     server = gateway.server()
     if transport == "stdio":
-        async with stdio_server() as (read, write):
+        async with serve_stdio() as (read, write):
             if started is not None:
                 started("stdio")
             options = server.create_initialization_options(NotificationOptions(tools_changed=True))
