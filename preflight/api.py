@@ -34,7 +34,7 @@ from preflight.engine import Decided, backstop, decide, execution_refused, inval
 from preflight.errors import ChainError, ConstructionError, OutcomeNotRecorded, RecordingError, effect_unknown_cause
 from preflight.events import Envelope, ExecutionApproved, PreflightEvent, digest, verify_run
 from preflight.hooks import ALL_HOOKS, CALL_SUCCEEDED, DEFAULT_HOOKS, REQUIRED_HOOKS, UNSAFE_DEFAULT_HOOKS, Hook, call
-from preflight.inputs import PreflightInput
+from preflight.inputs import PreflightInput, Tool
 from preflight.ports import EventSink, ReplayStore, Storage
 from preflight.protect import ProtectionError, RunSealer, ValueProtector, baseline_view
 from preflight.records import ExecutionRecord, ExecutionRefusalCode, RunRef
@@ -357,7 +357,8 @@ class Preflight:
         `drain` waits for such tasks. The decision is recorded before the call either way. A process that
         dies before the outcome is acknowledged leaves the run open (admitted, no outcome), never executed.
         """
-        refusal, signed = self._refusal(state, tool)
+        definition = _tool_definition(tool)  # validated once: the gate below and the output check read it
+        refusal, signed = self._refusal(state, definition)
         if refusal is None and signed is not None:
             refusal = await self._claim(signed)  # before the call: a second use is a replay
         if refusal is not None:
@@ -377,7 +378,8 @@ class Preflight:
             error = exc
         else:
             error = tool_error(result)  # an MCP error result is a failed call, never an execution
-        checked = None if error is not None else output_check(structured_content(result), _output_schema(tool))
+        output_schema = definition.output_schema_json if definition is not None else None
+        checked = None if error is not None else output_check(structured_content(result), output_schema)
         cause = effect_unknown_cause(error)
         suffix = CALL_SUCCEEDED if error is None else f"call failed: {type(error).__name__}: {error}"
         if cause is not None:
@@ -612,8 +614,9 @@ class Preflight:
 
         return sign
 
-    def _refusal(self, state: Any, tool: Any) -> tuple[Refusal | None, SignedDecision | None]:
-        """Why `state` must not be executed with `tool` (None if it may), and its signed decision."""
+    def _refusal(self, state: Any, tool: Tool | None) -> tuple[Refusal | None, SignedDecision | None]:
+        """Why `state` must not be executed with `tool` (validated; None: not a valid tool definition) (None if
+        it may), and its signed decision."""
         if not isinstance(state, ExecutionRecord):
             return Refusal("not_execute", "not an execution record"), None
         if state.execution_decision != "execute":
@@ -637,10 +640,9 @@ class Preflight:
             problem = _foreign_state_problem(state, ref, self._protector)
             if problem is not None:
                 return problem, None
-        try:
-            name = validate_tool(tool).name
-        except (ValidationError, TypeError):
+        if tool is None:
             return Refusal("tool_mismatch", "the tool given is not a valid tool definition"), None
+        name = tool.name
         judged = state.fixed.c3_provider_action_name
         if name != judged:
             return Refusal("tool_mismatch", f"the tool given ({name}) is not the one judged ({judged})"), None
@@ -696,9 +698,10 @@ class _Pending:
     signed: SignedDecision | None
 
 
-def _output_schema(tool: Any) -> dict[str, Any] | None:
+def _tool_definition(tool: Any) -> Tool | None:
+    """`tool` validated (a `Tool` is taken as it is), or None if it is not a valid tool definition."""
     try:
-        return validate_tool(tool).output_schema_json
+        return validate_tool(tool)
     except (ValidationError, TypeError):
         return None
 

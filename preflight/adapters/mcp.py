@@ -615,8 +615,10 @@ class GuardedSession:
         listed = await self._tool(name)
         tool = listed if listed is not None else {"name": name}  # no schema: the engine holds it, recorded
         policy = self.policy.for_tool(name)
-        if listed is not None and self.admit_reads and not self.shadow and self._is_read(listed, policy):
-            return await self._read(listed, proposal, policy)
+        if listed is not None and self.admit_reads and not self.shadow:
+            definition = self._read_definition(listed, policy)
+            if definition is not None:
+                return await self._read(listed, definition, proposal, policy)
         if not policy.allow_undeclared:
             tool = closed_tool(tool)  # an undeclared argument is refused by name, never asked (SPEC §2.7)
         inp = self.run_input(
@@ -656,13 +658,15 @@ class GuardedSession:
         return await self._execute(state, tool)
 
     @staticmethod
-    def _is_read(tool: Mapping[str, Any], policy: ToolPolicy) -> bool:
+    def _read_definition(tool: Mapping[str, Any], policy: ToolPolicy) -> ToolDefinition | None:
+        """`tool` validated, if it is judged read-only (None: it goes through the preflight)."""
         if policy.full_preflight:
-            return False
+            return None
         try:
-            return read_only_class(ToolDefinition.model_validate(tool), policy.read_only)
+            definition = ToolDefinition.model_validate(tool)
         except ValueError:
-            return False  # a definition the engine cannot read: the preflight holds it, recorded
+            return None  # a definition the engine cannot read: the preflight holds it, recorded
+        return definition if read_only_class(definition, policy.read_only) else None
 
     def _environment(self, name: str) -> dict[str, Any] | None:
         found = self._environment_of(name) if self._environment_of is not None else None
@@ -681,7 +685,9 @@ class GuardedSession:
             inp["environment"] = environment
         return inp
 
-    async def _read(self, tool: Mapping[str, Any], proposal: Any, policy: ToolPolicy) -> GuardedOutcome:
+    async def _read(
+        self, tool: Mapping[str, Any], definition: ToolDefinition, proposal: Any, policy: ToolPolicy
+    ) -> GuardedOutcome:
         """A read-only call: admitted, not preflighted (SPEC §2.7): no question, whatever the client."""
         name = str(tool["name"])
         checked = tool if policy.allow_undeclared else closed_tool(tool)
@@ -695,7 +701,7 @@ class GuardedSession:
             return GuardedOutcome("held", name, state, reason=state.reason, gate=getattr(state.gate, "kind", None))
         # A read's answer does not wait for its outcome's acknowledgement: the engine records it after
         # (retried; a last failure is a named `OutcomeNotRecorded`). Its decision was recorded before the call.
-        return await self._execute(state, tool, await_outcome=False)
+        return await self._execute(state, tool, await_outcome=False, definition=definition)
 
     async def _shadow(self, tool: Mapping[str, Any], proposal: Any, judged: ExecutionRecord) -> GuardedOutcome:
         """Shadow mode: the call forwarded unchanged, through a run of its own that records its outcome,
@@ -715,8 +721,14 @@ class GuardedSession:
         return done
 
     async def _execute(
-        self, state: ExecutionRecord, tool: Mapping[str, Any], *, await_outcome: bool = True
+        self,
+        state: ExecutionRecord,
+        tool: Mapping[str, Any],
+        *,
+        await_outcome: bool = True,
+        definition: ToolDefinition | None = None,
     ) -> GuardedOutcome:
+        """Act on a recorded decision; `definition` is `tool` already validated (not validated again)."""
         name = str(tool["name"])
         decision_id = state.run_ref.decision_id if state.run_ref is not None else None
         meta = {IDEMPOTENCY_META_KEY: decision_id} if decision_id else {}
@@ -734,7 +746,8 @@ class GuardedSession:
 
         # The engine calls with its settled arguments and reads the result (`preflight.results`: an
         # ``isError`` result is `failed`); a call that raises (an upstream gone) is `failed` too.
-        outcome = await self.preflight.execute_if_ready(state, tool, call, await_outcome=await_outcome)
+        given = tool if definition is None else definition
+        outcome = await self.preflight.execute_if_ready(state, given, call, await_outcome=await_outcome)
         result = outcome.result if isinstance(outcome.result, CallToolResult) else None
         if outcome.status == "held":
             return GuardedOutcome("held", name, outcome.state, reason=outcome.reason, decision=decision_id)
