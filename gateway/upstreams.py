@@ -24,7 +24,7 @@ from typing import Any, TextIO
 import anyio
 import httpx2
 from anyio.abc import TaskGroup
-from mcp import ClientSession, StdioServerParameters, stdio_client
+from mcp import ClientSession, StdioServerParameters
 from mcp.client.session import IncomingMessage
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
@@ -39,6 +39,7 @@ from mcp.types import (
 )
 
 from gateway.settings import ServerEntry
+from gateway.stdio import upstream_stdio
 
 __all__ = ["RECONNECT_BACKOFF_S", "GatewayStartError", "UnknownTool", "Upstream", "UpstreamUnavailable", "Upstreams"]
 
@@ -135,7 +136,7 @@ class Upstreams:
         entry = up.entry
         if entry.command is not None:
             params = StdioServerParameters(command=entry.command, args=entry.args, env=entry.env or None, cwd=entry.cwd)
-            return stdio_client(params, errlog=self._errlog)
+            return upstream_stdio(params, self._errlog)
         assert entry.url is not None
         client = httpx2.AsyncClient(headers=entry.headers, timeout=httpx2.Timeout(30.0, read=300.0))
         return streamable_http_client(entry.url, http_client=client)
