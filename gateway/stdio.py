@@ -17,7 +17,8 @@ reading or writing task hands each message on through a memory stream, as the SD
 saves a task switch per message and side, four per forwarded call. For upstreams, `upstream_stdio` starts
 the server as the SDK's `stdio_client` does (its environment, its own process group, the same shutdown)
 and talks to it through these streams. Measured against the SDK's `stdio_client` and the memory-stream
-server side (alternating pairs, bench/README.md): see the gateway section there.
+server side (alternating pairs, bench/README.md, "The MCP hops, second pass"): the gateway's CPU per read
+~6 % lower, its MCP processing ~0.2 ms less on average.
 
 As the SDK does, while serving fd 0 points at the null device and fd 1 at stderr (handlers and children
 read EOF, and stray prints miss the wire), both restored on exit. When stdin or stdout is not a pipe or a
