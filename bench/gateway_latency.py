@@ -18,12 +18,18 @@ the decision's; the outcome's is awaited after the answer), the engine and the g
 call less the upstream's and that ack), and the MCP hops (the
 rest: the extra stdio hop and the SDK's serialisation on both sides). Last, the gateway process's CPU per call
 (``process_cpu_seconds_total``: all its threads, its client side of the upstream included).
+
+With ``--floor``, a third side is alternated with the two: the same upstream behind a bare byte relay
+(`bench/stdio_relay.py`: one more process, two more pipe crossings, no MCP work), whose added time is the
+floor of any extra stdio hop on this machine; the MCP hops' share less that floor is the gateway's MCP
+processing (the SDK's sessions and its transports, both sides).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import socket
 import statistics
@@ -32,6 +38,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 import httpx
 from mcp import ClientSession, StdioServerParameters, stdio_client
@@ -67,6 +74,7 @@ class Measured:
     plain: list[float]
     through: list[float]
     parts: dict[str, float]  # ms per gated call: ack, call, upstream, the process's cpu; and publishes per call
+    relayed: list[float]  # with --floor: each call through a bare byte relay (else empty)
 
 
 def free_port() -> int:
@@ -104,7 +112,21 @@ async def timed(session: ClientSession, meta: RequestParamsMeta | None = None) -
     return elapsed * 1000.0
 
 
-async def measure(calls: int, warmup: int, broker: str, work: Path) -> Measured:
+async def relayed_session(
+    stack: contextlib.AsyncExitStack, upstream: StdioServerParameters, errlog: TextIO
+) -> ClientSession:
+    """A session with `upstream` through a bare byte relay (`bench/stdio_relay.py`), initialised and called once."""
+    relay = StdioServerParameters(
+        command=sys.executable, args=[str(Path(__file__).with_name("stdio_relay.py")), upstream.command, *upstream.args]
+    )
+    read, write = await stack.enter_async_context(stdio_client(relay, errlog=errlog))
+    session = await stack.enter_async_context(ClientSession(read, write))
+    await session.initialize()
+    await timed(session)
+    return session
+
+
+async def measure(calls: int, warmup: int, broker: str, work: Path, floor: bool = False) -> Measured:
     settings = work / "gateway.toml"
     settings.write_text(
         f'[gateway]\nuser = "bench"\n[servers.time]\ncommand = "{BIN / "mcp-server-time"}"\n'
@@ -127,12 +149,14 @@ async def measure(calls: int, warmup: int, broker: str, work: Path) -> Measured:
         cwd=str(work),
     )
     errlog = (work / "servers.log").open("w")
+    relayed: list[float] = []
     with errlog:
         async with (
             stdio_client(direct, errlog=errlog) as (dr, dw),
             ClientSession(dr, dw) as d,
             stdio_client(gated, errlog=errlog) as (gr, gw),
             ClientSession(gr, gw) as g,
+            contextlib.AsyncExitStack() as stack,
         ):
             await d.initialize()
             await g.initialize()
@@ -140,32 +164,38 @@ async def measure(calls: int, warmup: int, broker: str, work: Path) -> Measured:
             started = await scrape(metrics)
             cold = (direct_first, await timed(g))  # each side's first call after its start
             first = await scrape(metrics)
+            r = await relayed_session(stack, direct, errlog) if floor else None
             for _ in range(warmup):
                 await timed(d)
                 await timed(g)
+                if r is not None:
+                    await timed(r)
             before = await scrape(metrics)
             plain: list[float] = []
             through: list[float] = []
             for _ in range(calls):
                 plain.append(await timed(d))
                 through.append(await timed(g))
+                if r is not None:
+                    relayed.append(await timed(r))
             after = await scrape(metrics)
     made = after[SUMS["call"] + "_count"] - before[SUMS["call"] + "_count"]
     parts = {k: 1000.0 * (after[m + "_sum"] - before[m + "_sum"]) / made for k, m in SUMS.items()}
     parts["publishes"] = (after[SUMS["ack"] + "_count"] - before[SUMS["ack"] + "_count"]) / made
     parts["cpu"] = 1000.0 * (after[CPU] - before[CPU]) / made
     cold_parts = {k: 1000.0 * (first[m + "_sum"] - started.get(m + "_sum", 0.0)) for k, m in SUMS.items()}
-    return Measured(cold, cold_parts, plain, through, parts)
+    return Measured(cold, cold_parts, plain, through, parts, relayed)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--calls", type=int, default=300)
     parser.add_argument("--warmup", type=int, default=30)
+    parser.add_argument("--floor", action="store_true", help="also time calls through a bare byte relay")
     ns = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp, EmbeddedBroker() as broker:
         asyncio.run(create_topics(broker.bootstrap_servers, ["preflight.events"], 2))
-        m = asyncio.run(measure(ns.calls, ns.warmup, broker.bootstrap_servers, Path(tmp)))
+        m = asyncio.run(measure(ns.calls, ns.warmup, broker.bootstrap_servers, Path(tmp), ns.floor))
     plain, through = m.plain, m.through
     p50 = (percentile(plain, 0.5), percentile(through, 0.5))
     p99 = (percentile(plain, 0.99), percentile(through, 0.99))
@@ -201,6 +231,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  share of the mean added {mean:.2f} ms (gateway metrics over the measured calls):")
     for name, ms in shares.items():
         print(f"    {name:48s} {ms:6.2f} ms  {100.0 * ms / mean if mean > 0 else 0.0:5.1f} %")
+    if m.relayed:
+        relay = [r - p for p, r in zip(plain, m.relayed, strict=True)]
+        hops, floor = mean - own, statistics.fmean(relay)
+        print(
+            f"  a bare stdio relay before the upstream adds: p50 {percentile(relay, 0.5):.2f} ms, mean {floor:.2f} ms"
+        )
+        print(f"    so of the MCP hops' {hops:.2f} ms: the extra process and pipes {floor:.2f} ms,")
+        print(f"    the MCP processing (SDK sessions and transports, both sides) {hops - floor:.2f} ms")
     print(f"  gateway process CPU per call (all its threads, its upstream client side included): {parts['cpu']:.2f} ms")
     return 0
 

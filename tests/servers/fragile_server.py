@@ -7,7 +7,8 @@ no longer listed is an ``isError`` result. A tool named ``send`` takes a nested 
 (``to: {account, bank_code}``, both required, and an optional ``memo``) and answers with the arguments it
 received, as JSON. Two tools that write (``destructiveHint: false``) take ``{repo_path, branch_name}``:
 ``branch_then_crash`` creates the branch with git, then ends the process before answering (its effect is
-real, and unknown to the caller); ``branch_hang`` never answers and creates nothing.
+real, and unknown to the caller); ``branch_hang`` never answers and creates nothing. ``misshapen`` declares
+an output schema (``{n: integer}``, required) and answers structured content that violates it (``n: "x"``).
 """
 
 from __future__ import annotations
@@ -54,6 +55,9 @@ BRANCH_SCHEMA: dict[str, Any] = {
 WRITES = ("branch_then_crash", "branch_hang")
 
 
+MISSHAPEN_OUTPUT: dict[str, Any] = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+
+
 def schema_of(name: str) -> dict[str, Any]:
     if name in WRITES:
         return BRANCH_SCHEMA
@@ -67,6 +71,7 @@ async def list_tools(ctx: Any, params: Any) -> ListToolsResult:
                 name=name,
                 description=f"{name} something",
                 input_schema=schema_of(name),
+                output_schema=MISSHAPEN_OUTPUT if name == "misshapen" else None,
                 annotations=ToolAnnotations(read_only_hint=True)
                 if name not in WRITES
                 else ToolAnnotations(read_only_hint=False, destructive_hint=False),
@@ -87,6 +92,8 @@ async def call_tool(ctx: Any, params: CallToolRequestParams) -> CallToolResult:
         os._exit(3)
     if params.name == "branch_hang":
         await anyio.sleep_forever()
+    if params.name == "misshapen":
+        return CallToolResult(content=[TextContent(type="text", text='{"n": "x"}')], structured_content={"n": "x"})
     if params.name == "send":
         text = json.dumps(params.arguments or {}, sort_keys=True)
         return CallToolResult(content=[TextContent(type="text", text=text)])
