@@ -19,7 +19,9 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, TypeAdapter, ValidationError
 
 # The run-chain rule lives in `preflight.chain`; its names are re-exported here for the event contract's users.
+from preflight import chain
 from preflight.chain import GENESIS_HASH as GENESIS_HASH
+from preflight.chain import LEGACY_HASH_VERSIONS
 from preflight.chain import TAIL_EVENT_TYPES as TAIL_EVENT_TYPES
 from preflight.chain import canonical_json as canonical_json
 from preflight.chain import content_hash as content_hash
@@ -471,6 +473,15 @@ def sealed(fields: dict[str, Any], *, built: bool = False) -> PreflightEvent:
     """`seal` of a body already holding its `schema_version` and `HASH_PLACEHOLDER` as its `hash`: `fields`
     is the sealer's own from then on (its hash is set in it and it may become the event's). The engine's
     chain builds each event's fields so, and saves a copy (`preflight.emit`)."""
+    native = chain._native_jcs_sealed
+    prev = fields["prev_hash"]
+    version = fields["schema_version"]
+    if native is not None and type(prev) is str and not (type(version) is int and version in LEGACY_HASH_VERSIONS):
+        # RFC 8785 bytes, hash and splice in one compiled pass, where it vouches for them (the same bytes).
+        answer = native(fields, prev)
+        if answer is not None:
+            fields["hash"], canonical = answer
+            return _built(fields, canonical, built)
     full = event_canonical_json(fields)
     at = full.find(_HASH_MEMBER)
     if at < 0:  # pragma: no cover - every event has members sorting after "hash"
@@ -483,6 +494,11 @@ def sealed(fields: dict[str, Any], *, built: bool = False) -> PreflightEvent:
     fields["hash"] = hash_ = h.hexdigest()
     # The hash is written where its placeholder stood (both 64 hex digits; the placeholder is found once).
     canonical = b"".join((text[: at + _HASH_VALUE_AT], hash_.encode(), text[at + _HASH_VALUE_AT + 64 :]))
+    return _built(fields, canonical, built)
+
+
+def _built(fields: dict[str, Any], canonical: bytes, built: bool) -> PreflightEvent:
+    """The sealed event of `fields` (its hash set) written as `canonical`: assembled (`built`) or validated."""
     assembled = _assembled(fields, canonical) if built else None
     if assembled is not None:
         return assembled
