@@ -39,3 +39,9 @@ def canonical_texts(message: bytes, columns: ArchiveColumns | None = None) -> li
 def jcs(value: Any) -> bytes | None:
     """The RFC 8785 bytes of `value` if it is made only of dicts with str keys, lists, str, 64-bit int, bool
     and None (exact types, nested at most 128 deep); else None: the caller writes it exactly."""
+
+def jcs_sealed(fields: dict[str, Any], prev: str) -> tuple[str, bytes] | None:
+    """An event sealed in one pass: given its members `fields` (holding a `hash` member, whose value is
+    ignored) and the hash `prev` of the event before it, its chain hash (hex SHA-256 of `prev`, a newline
+    and the RFC 8785 bytes of the members but `hash`) and its RFC 8785 bytes with that hash. None where
+    `jcs` would not vouch for the members, there is no `hash` member or no member sorts after it."""

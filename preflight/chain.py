@@ -43,6 +43,11 @@ try:  # the compiled writer of `native/`, where it is built (see `jcs`)
     from preflight_audit_native import jcs as _native_jcs
 except ImportError:  # pragma: no cover - a machine without the Rust toolchain
     _native_jcs = None
+_native_jcs_sealed: Callable[[dict[str, Any], str], tuple[str, bytes] | None] | None
+try:  # ... and its one-pass seal of an event (`preflight.events.sealed`)
+    from preflight_audit_native import jcs_sealed as _native_jcs_sealed
+except ImportError:  # pragma: no cover - a machine without the Rust toolchain, or an older build
+    _native_jcs_sealed = None
 
 __all__ = [
     "GENESIS_HASH",

@@ -19,7 +19,9 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, TypeAdapter, ValidationError
 
 # The run-chain rule lives in `preflight.chain`; its names are re-exported here for the event contract's users.
+from preflight import chain
 from preflight.chain import GENESIS_HASH as GENESIS_HASH
+from preflight.chain import LEGACY_HASH_VERSIONS
 from preflight.chain import TAIL_EVENT_TYPES as TAIL_EVENT_TYPES
 from preflight.chain import canonical_json as canonical_json
 from preflight.chain import content_hash as content_hash
@@ -405,9 +407,12 @@ _MEMBERS: dict[type[Envelope], tuple[frozenset[str], frozenset[str], dict[str, A
     for model in _EVENT_MODELS.values()
 }
 _HASH_MEMBER_LENGTH = len(_HASH_MEMBER)
-#: The sets of members given to `_assembled`, by model and members in order (`_FIELDS_SETS_LIMIT` at most).
-_FIELDS_SETS: dict[tuple[Any, ...], set[str]] = {}
-_FIELDS_SETS_LIMIT = 512
+_HASH_VALUE_AT = len(b'"hash":"')
+#: The shapes `_assembled` found to be its model's members -- by event type and members in order
+#: (`_SHAPES_LIMIT` at most) -- with their model and the set of members given.
+_SHAPES: dict[tuple[Any, ...], tuple[type[Envelope], set[str]]] = {}
+_SHAPES_LIMIT = 512
+_set = object.__setattr__
 _SHA256 = hashlib.sha256
 
 
@@ -421,30 +426,32 @@ def _assembled(fields: dict[str, Any], canonical: bytes) -> PreflightEvent | Non
     only what costs nothing: the members are exactly the model's (none unknown, none required missing) and
     a signature, the one nested model, is validated. A model's validation costs ~25 us an event, its
     assembly ~2 (bench/README.md, engine)."""
-    model = _EVENT_MODELS.get(fields.get("event_type"))
-    if model is None:
-        return None
-    members, required, template = _MEMBERS[model]
-    keys = fields.keys()
-    if not (required <= keys <= members):
-        return None
-    # The set of members given, one per model and set of members (a frozen model never changes it, and a copy
-    # copies it): a run's events keep no set each, and so give the collector fewer objects to walk.
-    shape = (model, *keys)
-    fields_set = _FIELDS_SETS.get(shape)
-    if fields_set is None:
-        fields_set = set(keys)
-        if len(_FIELDS_SETS) < _FIELDS_SETS_LIMIT:
-            _FIELDS_SETS[shape] = fields_set
+    # The shape -- model and members given, in order -- is checked once and its verdict kept with the set of
+    # members given (one per shape: a frozen model never changes it, and a copy copies it), so a run's events
+    # keep no set each and give the collector fewer objects to walk.
+    shape = (fields.get("event_type"), *fields)
+    known = _SHAPES.get(shape)
+    if known is None:
+        model = _EVENT_MODELS.get(shape[0])
+        if model is None:
+            return None
+        members, required, _template = _MEMBERS[model]
+        keys = fields.keys()
+        if not (required <= keys <= members):
+            return None
+        known = (model, set(keys))
+        if len(_SHAPES) < _SHAPES_LIMIT:
+            _SHAPES[shape] = known
+    model, fields_set = known
     if model is ExecutionApproved and isinstance(fields.get("signature"), Mapping):
         fields = {**fields, "signature": DecisionSignature.model_validate(fields["signature"])}
     event = model.__new__(model)
     # As `BaseModel.model_construct` sets them (which costs more than validating, ~30 us): every member in
     # declaration order, the defaults of those not given.
-    object.__setattr__(event, "__dict__", {**template, **fields})
-    object.__setattr__(event, "__pydantic_fields_set__", fields_set)
-    object.__setattr__(event, "__pydantic_extra__", None)
-    object.__setattr__(event, "__pydantic_private__", {"_canonical": canonical})
+    _set(event, "__dict__", {**_MEMBERS[model][2], **fields})
+    _set(event, "__pydantic_fields_set__", fields_set)
+    _set(event, "__pydantic_extra__", None)
+    _set(event, "__pydantic_private__", {"_canonical": canonical})
     return event  # type: ignore[return-value]
 
 
@@ -466,17 +473,32 @@ def sealed(fields: dict[str, Any], *, built: bool = False) -> PreflightEvent:
     """`seal` of a body already holding its `schema_version` and `HASH_PLACEHOLDER` as its `hash`: `fields`
     is the sealer's own from then on (its hash is set in it and it may become the event's). The engine's
     chain builds each event's fields so, and saves a copy (`preflight.emit`)."""
+    native = chain._native_jcs_sealed
+    prev = fields["prev_hash"]
+    version = fields["schema_version"]
+    if native is not None and type(prev) is str and not (type(version) is int and version in LEGACY_HASH_VERSIONS):
+        # RFC 8785 bytes, hash and splice in one compiled pass, where it vouches for them (the same bytes).
+        answer = native(fields, prev)
+        if answer is not None:
+            fields["hash"], canonical = answer
+            return _built(fields, canonical, built)
     full = event_canonical_json(fields)
     at = full.find(_HASH_MEMBER)
     if at < 0:  # pragma: no cover - every event has members sorting after "hash"
         raise ValueError("the hash member is not where canonical JSON puts it")
-    before, after = full[:at], full[at + _HASH_MEMBER_LENGTH :]
+    text = memoryview(full)
     h = _SHA256(fields["prev_hash"].encode())
     h.update(b"\n")
-    h.update(before)
-    h.update(after)
+    h.update(text[:at])
+    h.update(text[at + _HASH_MEMBER_LENGTH :])
     fields["hash"] = hash_ = h.hexdigest()
-    canonical = b"".join((before, b'"hash":"', hash_.encode(), b'",', after))
+    # The hash is written where its placeholder stood (both 64 hex digits; the placeholder is found once).
+    canonical = b"".join((text[: at + _HASH_VALUE_AT], hash_.encode(), text[at + _HASH_VALUE_AT + 64 :]))
+    return _built(fields, canonical, built)
+
+
+def _built(fields: dict[str, Any], canonical: bytes, built: bool) -> PreflightEvent:
+    """The sealed event of `fields` (its hash set) written as `canonical`: assembled (`built`) or validated."""
     assembled = _assembled(fields, canonical) if built else None
     if assembled is not None:
         return assembled

@@ -405,6 +405,43 @@ class RunRef(BaseModel):
     arguments_digest: str | None = None
 
 
+class KeptEvents:
+    """A run's events kept as their published bytes (`preflight.events.encode_event`), in order: what a record
+    kept for long holds instead of its 9 event models (`ExecutionRecord.with_events_kept`), so a store of
+    records in memory (`preflight.testing.MemoryStorage`) leaves the garbage collector no event models to
+    walk -- ~50 us of collection a decision in the engine bench (bench/README.md, engine). The record's
+    `run_events` reads them back (`decode_event`, strict) when asked. Equal to the events written to them."""
+
+    __slots__ = ("texts",)
+
+    def __init__(self, texts: tuple[bytes, ...]) -> None:
+        self.texts = texts
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, KeptEvents):
+            return self.texts == other.texts
+        if isinstance(other, tuple):
+            from preflight.events import Envelope, encode_event
+
+            return len(other) == len(self.texts) and all(
+                isinstance(e, Envelope) and encode_event(e) == text for e, text in zip(other, self.texts, strict=True)
+            )
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def events(self) -> tuple[Any, ...]:
+        """The events read back from their bytes, each keeping them as its published bytes."""
+        from preflight.events import decode_event
+
+        events = []
+        for text in self.texts:
+            event = decode_event(text)
+            private_attrs(event)["_canonical"] = text
+            events.append(event)
+        return tuple(events)
+
+
 class ExecutionRecord(BaseModel):
     """A run's record. Append-only under `action_key`; only `executed` is ever a baseline."""
 
@@ -427,7 +464,7 @@ class ExecutionRecord(BaseModel):
     admission: AdmissionVerdict | None = None
 
     _run: RunRef | None = PrivateAttr(default=None)
-    _events: tuple[Any, ...] = PrivateAttr(default=())
+    _events: tuple[Any, ...] | KeptEvents = PrivateAttr(default=())
     _erased: tuple[str, ...] = PrivateAttr(default=())
 
     @model_serializer(mode="wrap")
@@ -490,8 +527,23 @@ class ExecutionRecord(BaseModel):
     @property
     def run_events(self) -> tuple[Any, ...]:
         """The events of this record's run, as the engine that decided it built them (else empty)."""
-        events: tuple[Any, ...] = private_attrs(self)["_events"]
-        return events
+        private = private_attrs(self)
+        events: tuple[Any, ...] | KeptEvents = private["_events"]
+        if type(events) is KeptEvents:  # kept as bytes (`with_events_kept`): read back once, when asked
+            events = private["_events"] = events.events()
+        return events  # type: ignore[return-value]
+
+    def with_events_kept(self) -> ExecutionRecord:
+        """A copy of this record, equal to it, that keeps its run's events as their published bytes
+        (`KeptEvents`), for a store that keeps records long; they are read back when asked for."""
+        from preflight.events import encode_event
+
+        copy = self.model_copy()
+        private = private_attrs(copy)
+        events = private["_events"]
+        if type(events) is tuple and events:
+            private["_events"] = KeptEvents(tuple(encode_event(e) for e in events))
+        return copy
 
     @property
     def erased_values(self) -> tuple[str, ...]:

@@ -19,7 +19,11 @@ from preflight.records import ExecutionRecord
 
 
 class MemoryStorage:
-    """Append-only records per key; `load` returns only the latest `executed` one."""
+    """Append-only records per key; `load` returns only the latest `executed` one.
+
+    Each record is kept as a copy equal to it whose run's events are held as their published bytes and read
+    back when asked for (`ExecutionRecord.with_events_kept`): a store that keeps every record in memory
+    would otherwise keep 9 event models a run for the garbage collector to walk."""
 
     def __init__(self) -> None:
         self._records: dict[str, list[ExecutionRecord]] = {}
@@ -27,7 +31,7 @@ class MemoryStorage:
     async def persist(self, key: str, record: ExecutionRecord) -> None:
         if not isinstance(record, ExecutionRecord):
             raise TypeError(f"persist expects an ExecutionRecord, got {type(record).__name__}")
-        self._records.setdefault(key, []).append(record)
+        self._records.setdefault(key, []).append(record.with_events_kept())
 
     async def load(self, key: str) -> ExecutionRecord | None:
         for record in reversed(self._records.get(key, [])):

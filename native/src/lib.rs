@@ -715,6 +715,7 @@ fn canonical_texts<'py>(
 fn preflight_audit_native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(canonical_texts, module)?)?;
     module.add_function(wrap_pyfunction!(jcs::jcs, module)?)?;
+    module.add_function(wrap_pyfunction!(jcs::jcs_sealed, module)?)?;
     module.add_class::<ArchiveColumns>()?;
     let fields: Vec<&str> = ARCHIVE_FIELDS.iter().map(|(name, _)| *name).collect();
     module.add("ARCHIVE_FIELDS", fields)?;

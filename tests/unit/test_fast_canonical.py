@@ -9,6 +9,7 @@ characters, escapes, integers at the 53- and 64-bit edges, nesting.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import json
 import os
@@ -186,3 +187,57 @@ class TestWhereTheFastPathsStepAside:
             jcs({"a": "\ud800"})
         with pytest.raises(TypeError):
             jcs({"a": object()})
+
+
+def _sealed_by_hand(fields: dict[str, Any], prev: str) -> tuple[str, bytes]:
+    """An event's chain hash and published bytes as the rule says, from the exact writer and hashlib."""
+    rest = {k: v for k, v in fields.items() if k != "hash"}
+    hash_ = hashlib.sha256(prev.encode() + b"\n" + _exact(rest)).hexdigest()
+    return hash_, _exact({**rest, "hash": hash_})
+
+
+class TestTheCompiledSeal:
+    """`jcs_sealed` (`preflight.events.sealed`'s fast path): RFC 8785 bytes, chain hash and splice in one
+    pass give what the exact writer and hashlib give, or no answer."""
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.dictionaries(keys, values, max_size=6), texts)
+    @example({"a": 1, "z": [None]}, "0" * 64)
+    @example({"\U0001f600": "x", "\ufb33": 2}, "")
+    def test_it_seals_as_the_rule_says(self, native: ModuleType, members: dict[str, Any], prev: str) -> None:
+        fields = {**members, "hash": "placeholder"}
+        answer = native.jcs_sealed(fields, prev)
+        if all(k <= "hash" for k in members):  # nothing sorts after the hash member: left to Python
+            assert answer is None
+            return
+        assert answer == _sealed_by_hand(fields, prev)
+
+    @pytest.mark.parametrize(
+        "fields",
+        [{"a": 1.5, "hash": "", "z": 1}, {"hash": "", "z": (1,)}, {"a": 1, "z": 2}, {"hash": "", "a": 1}, [1]],
+        ids=["float", "tuple", "no hash member", "hash sorts last", "not a dict"],
+    )
+    def test_it_declines_what_it_cannot_vouch_for(self, native: ModuleType, fields: Any) -> None:
+        assert native.jcs_sealed(fields, "0" * 64) is None
+
+    def test_an_event_sealed_either_way_is_the_same(self, native: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+        from preflight.events import encode_event, seal
+
+        body = {
+            "event_id": "00000000-0000-4000-8000-000000000000",
+            "event_type": "run_deferred",
+            "run_id": "00000000-0000-4000-8000-000000000001",
+            "seq": 3,
+            "prev_hash": "a" * 64,
+            "action_key": "u_01:bank.transfer",
+            "user_id": "u_\U0001f600",
+            "agent_id": None,
+            "occurred_at": "2026-12-05T10:00:00.000Z",
+            "pending_fields": ["to_account", "/to/\ue000"],
+            "deferred_input": {"\ufb33": 1, "\U0001f600": [True, "x"]},
+        }
+        compiled = seal(dict(body), built=True)
+        monkeypatch.setattr(chain, "_native_jcs_sealed", None)
+        python = seal(dict(body), built=True)
+        assert compiled == python and encode_event(compiled) == encode_event(python)
+        assert compiled.hash == python.hash

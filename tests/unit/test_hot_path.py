@@ -33,7 +33,7 @@ from preflight.events import (
 )
 from preflight.fingerprint import normalise
 from preflight.lookup import _too_deep, json_value
-from preflight.records import RECORD_SCHEMA_VERSION, ExecutionRecord, FieldRecord, ValueGate
+from preflight.records import RECORD_SCHEMA_VERSION, ExecutionRecord, FieldRecord, KeptEvents, ValueGate
 from preflight.signing import DecisionSigner
 
 ENVELOPE: dict[str, Any] = {
@@ -338,3 +338,37 @@ async def test_events_sharing_their_set_of_given_members_are_copied_apart() -> N
     assert changed.user_id == "someone else"
     assert first.model_fields_set == given and second.model_fields_set == given
     assert changed.model_fields_set is not first.model_fields_set
+
+
+@pytest.mark.parametrize("path", sorted(PATHS))
+async def test_a_stored_record_keeps_its_events_as_their_bytes_and_reads_them_back_equal(path: str) -> None:
+    """`MemoryStorage` keeps a copy of each record whose events are their published bytes (`KeptEvents`): it is
+    equal to the state recorded, holds no event model until its events are asked for, and then reads back
+    events equal to the run's, in order, with the same bytes, which strict validation of those bytes gives."""
+    hooks, given = PATHS[path]
+    pf = create_preflight(hooks={**sc.hooks(), **hooks}, storage=MemoryStorage())
+    state = await pf.run_and_record(sc.transfer(**given))
+    assert isinstance(pf.storage, MemoryStorage)
+    (stored,) = pf.storage.history(state.storage_key)
+    assert stored is not state
+    assert stored == state and state == stored
+    kept = stored.__pydantic_private__["_events"]  # type: ignore[index]
+    assert isinstance(kept, KeptEvents) and kept.texts == tuple(encode_event(e) for e in state.run_events)
+    read_back = stored.run_events
+    assert read_back == state.run_events and stored == state
+    assert [encode_event(e) for e in read_back] == [encode_event(e) for e in state.run_events]
+    _held_to_its_model(read_back)
+    assert stored.model_dump(mode="json") == state.model_dump(mode="json") and stored.run_ref == state.run_ref
+
+
+async def test_kept_events_differ_from_other_events() -> None:
+    """Kept events compare by their bytes: another run's events, a shorter run or non-events are not equal."""
+    pf = sc.engine()
+    first = await pf.run_and_record(sc.transfer(user_answers=sc.READY_ANSWERS))
+    second = await pf.run_and_record(sc.transfer(user_answers=sc.READY_ANSWERS))
+    kept = KeptEvents(tuple(encode_event(e) for e in first.run_events))
+    assert kept == first.run_events
+    assert kept != second.run_events
+    assert kept != first.run_events[:-1]
+    assert kept != tuple(range(len(first.run_events)))
+    assert first.with_events_kept() != second.with_events_kept()
