@@ -64,6 +64,7 @@ from streams.batch import (
 )
 from streams.errors import StreamsError
 from streams.metrics import PartitionFigures, WorkerFigures, worker_registry
+from streams import transport as streams_transport
 from streams.settings import WorkerSettings
 from streams.view import QueryError, baseline_body, key_partition, parse_query, totals, unavailable_body
 
@@ -947,6 +948,7 @@ def create_app(settings: WorkerSettings) -> faust.App:
         web_host=settings.web_host,
         web_port=settings.web_port,
     )
+    streams_transport.install(app)  # a fetch that finds nothing held 0.1 s, not Faust's 1.5 s
     events = app.topic(
         settings.events_topic,
         partitions=settings.partitions,
