@@ -289,7 +289,7 @@ def faust_floor(
         "FLOOR_PARTITIONS": str(partitions),
         "FLOOR_DATA_DIR": str(workdir / "floor-data"),
     }
-    script = Path(os.environ.get("FLOOR_SCRIPT") or Path(__file__).with_name("faust_floor.py"))
+    script = Path(__file__).with_name("faust_floor.py")
     command = [sys.executable, str(script), "worker", "-l", "info", "--web-port", str(port)]
     with open(workdir / "floor.log", "ab") as log:
         proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
