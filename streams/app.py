@@ -48,6 +48,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from preflight.fold import UnrebuildableBaselineError
 from preflight.signing import DecisionVerifier
+from streams import transport as streams_transport
 from streams.backfill import Backfill
 from streams.batch import (
     STATE_PREFIX,
@@ -64,7 +65,6 @@ from streams.batch import (
 )
 from streams.errors import StreamsError
 from streams.metrics import PartitionFigures, WorkerFigures, worker_registry
-from streams import transport as streams_transport
 from streams.settings import WorkerSettings
 from streams.view import QueryError, baseline_body, key_partition, parse_query, totals, unavailable_body
 

@@ -25,7 +25,7 @@ from faust.transport.drivers import aiokafka as faust_aiokafka
 FETCH_MAX_WAIT_MS = 100
 
 
-class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):  # type: ignore[misc]
+class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
     def _create_worker_consumer(self, transport: Any) -> Any:
         consumer = super()._create_worker_consumer(transport)
         # Faust passes a fixed 1,500 ms and has no setting for it; aiokafka reads it when the consumer starts.
@@ -33,12 +33,12 @@ class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):  # type: ignore[mi
         return consumer
 
 
-class _Consumer(faust_aiokafka.Consumer):  # type: ignore[misc]
+class _Consumer(faust_aiokafka.Consumer):
     def _new_consumer_thread(self) -> _ConsumerThread:
         return _ConsumerThread(self, loop=self.loop, beacon=self.beacon)
 
 
-class Transport(faust_aiokafka.Transport):  # type: ignore[misc]
+class Transport(faust_aiokafka.Transport):
     """Faust's aiokafka transport whose consumer waits at most `FETCH_MAX_WAIT_MS` for a fetch."""
 
     Consumer = _Consumer
