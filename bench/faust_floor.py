@@ -17,6 +17,8 @@ from typing import Any
 import faust
 from faust.web import Request, Response, View
 
+from streams import transport
+
 app = faust.App(
     os.environ.get("FLOOR_APP_ID", "bench-faust-floor"),
     broker=f"kafka://{os.environ.get('FLOOR_BROKER', '127.0.0.1:9092')}",
@@ -28,6 +30,7 @@ app = faust.App(
     topic_replication_factor=1,
     consumer_auto_offset_reset="earliest",
 )
+transport.install(app)  # the worker's consumer (`streams.transport`): measured on the same fetches
 topic = app.topic(
     os.environ.get("FLOOR_TOPIC", "bench.floor"),
     key_type=bytes,

@@ -179,6 +179,15 @@ def pure_fold(topic: str, messages: Sequence[tuple[bytes, bytes]], partitions: i
     return time.perf_counter() - start
 
 
+def core_wait(pid: int) -> float:
+    """Seconds the main thread of `pid` has spent runnable but waiting for a core (the kernel's schedstat; 0
+    where the kernel does not keep it): on a shared machine, what of a window was neither work nor idling."""
+    try:
+        return int(Path(f"/proc/{pid}/task/{pid}/schedstat").read_text().split()[1]) / 1e9
+    except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
+        return 0.0
+
+
 def thread_cpu(pid: int) -> dict[str, float]:
     """CPU seconds (user+system) of process `pid`: its main thread, and the sum of its other threads."""
     ticks = os.sysconf("SC_CLK_TCK")
@@ -230,11 +239,12 @@ async def run_worker(
     try:
         assert worker.pid is not None
         await worker.wait_ready(args.timeout)
-        cpu_ready = thread_cpu(worker.pid)
+        cpu_ready, waited_ready = thread_cpu(worker.pid), core_wait(worker.pid)
         # Stored, not only folded: the fold window ends when the last batch's writes are acknowledged.
         status = await worker.wait_stored(ends, timeout_s=args.timeout)
         wall = time.perf_counter() - started
         cpu = {k: v - cpu_ready[k] for k, v in thread_cpu(worker.pid).items()}
+        core_waited = core_wait(worker.pid) - waited_ready
         totals = (await worker.get_async("/fold/totals"))[1]
         profile_text = ""
         if profile_path is not None:
@@ -250,6 +260,7 @@ async def run_worker(
             "status": status,
             "wall": wall,
             "cpu": cpu,
+            "core_wait": core_waited,
             "totals": totals,
             "profile": profile_text,
             "changelog_topic": settings.changelog_topic,
@@ -373,6 +384,10 @@ async def bench(args: argparse.Namespace) -> None:
             + ", ".join(f"{name} {sec:.1f} s" for name, sec in cpu)
             + f"; {n_events / worker_cpu:,.0f} events per CPU-second ="
             f" {raw_cpu / worker_cpu:.2f}x raw's (the rate ratio if both had a core to themselves)"
+        )
+        print(
+            f"the worker's main thread over the same span: {result['core_wait']:.1f} s runnable but waiting for a"
+            " core (other processes on the machine's cores), the rest of what its CPU leaves idle"
         )
         print(f"fold totals: {totals['states']}")
         event_bytes = sum(len(k) + len(v) for k, v in messages)

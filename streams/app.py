@@ -48,6 +48,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from preflight.fold import UnrebuildableBaselineError
 from preflight.signing import DecisionVerifier
+from streams import transport as streams_transport
 from streams.backfill import Backfill
 from streams.batch import (
     STATE_PREFIX,
@@ -947,6 +948,7 @@ def create_app(settings: WorkerSettings) -> faust.App:
         web_host=settings.web_host,
         web_port=settings.web_port,
     )
+    streams_transport.install(app)  # a fetch that finds nothing held 0.1 s, not Faust's 1.5 s
     events = app.topic(
         settings.events_topic,
         partitions=settings.partitions,
