@@ -40,7 +40,8 @@ from mcp.types import (
 )
 
 from gateway.settings import ServerEntry
-from gateway.stdio import upstream_stdio
+from gateway.stdio import LineReader, LineWriter, upstream_stdio
+from gateway.upstream_session import UpstreamSession
 
 __all__ = ["RECONNECT_BACKOFF_S", "GatewayStartError", "UnknownTool", "Upstream", "UpstreamUnavailable", "Upstreams"]
 
@@ -66,7 +67,7 @@ class UnknownTool(KeyError):
 class Upstream:
     name: str
     entry: ServerEntry
-    session: ClientSession | None = None
+    session: ClientSession | UpstreamSession | None = None
     tools: list[Tool] = field(default_factory=list)
     stale: bool = False
     error: str | None = None
@@ -85,7 +86,7 @@ class _Session(ClientSession):
         return None
 
 
-async def _list_all(session: ClientSession) -> list[Tool]:
+async def _list_all(session: ClientSession | UpstreamSession) -> list[Tool]:
     tools: list[Tool] = []
     cursor: str | None = None
     while True:
@@ -182,11 +183,20 @@ class Upstreams:
             if isinstance(message, ToolListChangedNotification):
                 up.stale = True
 
+        def noticed(method: str, params: dict[str, Any] | None) -> None:
+            if method == "notifications/tools/list_changed":
+                up.stale = True
+
         connected = False
         try:
             async with self._transport(up) as streams:
                 read, write = streams[0], streams[1]
-                async with _Session(read, write, message_handler=notified, client_info=CLIENT_INFO) as session:
+                session: ClientSession | UpstreamSession
+                if isinstance(read, LineReader) and isinstance(write, LineWriter):
+                    session = UpstreamSession(read, write, client_info=CLIENT_INFO, on_notification=noticed)
+                else:
+                    session = _Session(read, write, message_handler=notified, client_info=CLIENT_INFO)
+                async with session:
                     await session.initialize()
                     up.tools = await _list_all(session)
                     up.session, up.error, connected = session, None, True
@@ -204,7 +214,7 @@ class Upstreams:
             up.session = None  # its tools stay known (to name it in errors) but are no longer listed
         return connected
 
-    async def _watch(self, up: Upstream, session: ClientSession, scope: anyio.CancelScope) -> None:
+    async def _watch(self, up: Upstream, session: ClientSession | UpstreamSession, scope: anyio.CancelScope) -> None:
         """Ping `up` every `watch_interval_s`: a closed connection (the process exited) or a ping unanswered
         for `ping_timeout_s` marks it down at once, so an idle upstream's death is seen within about a second."""
         while True:
@@ -286,9 +296,11 @@ class Upstreams:
         session = up.session
         if session is None:
             raise UpstreamUnavailable(f"upstream {up.name!r} is not connected ({up.error or 'stopped'})")
-        request_meta = RequestParamsMeta(**meta) if meta else None  # type: ignore[typeddict-item]
         try:
             timeout = self._call_timeout if timeout_s is None else timeout_s
+            if isinstance(session, UpstreamSession):
+                return await session.call_tool(name, arguments, timeout, meta=meta or None)
+            request_meta = RequestParamsMeta(**meta) if meta else None  # type: ignore[typeddict-item]
             return await session.call_tool(name, arguments, timeout, meta=request_meta)
         except MCPError as exc:
             if exc.error.code == CONNECTION_CLOSED and up.session is session:
