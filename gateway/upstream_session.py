@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -39,6 +40,8 @@ from pydantic import ValidationError
 from gateway.stdio import LineReader, LineWriter
 
 __all__ = ["UpstreamSession"]
+
+logger = logging.getLogger(__name__)
 
 #: How long a courtesy ``notifications/cancelled`` may take to write before it is given up (as the SDK's).
 _ABANDON_WRITE_S = 1.0
@@ -117,16 +120,23 @@ class UpstreamSession:
         method = message.get("method")
         if method is None:  # an answer
             request_id = message.get("id")
+            if isinstance(request_id, str) and request_id.isdigit():  # an id echoed as text still correlates
+                request_id = int(request_id)
             future = self._pending.get(request_id) if isinstance(request_id, int) else None
             if future is not None and not future.done():
                 future.set_result(message)
             return
+        if not isinstance(method, str):
+            return  # not a JSON-RPC message: nothing to answer
         params = message.get("params")
         if "id" in message:  # the server's request
             assert self._group is not None
             self._group.start_soon(self._answer, message["id"], method, params)
         elif self._on_notification is not None:
-            self._on_notification(method, params if isinstance(params, dict) else None)
+            try:
+                self._on_notification(method, params if isinstance(params, dict) else None)
+            except Exception:  # a handler's failure costs that notification, never the connection
+                logger.exception("notification handler for %r raised", method)
 
     async def _answer(self, request_id: Any, method: str, params: Any) -> None:
         """Answer the server's request as the SDK's session does: parsed under the negotiated version, a
