@@ -21,9 +21,10 @@ from mcp import ClientSession, StdioServerParameters
 from mcp.shared.exceptions import MCPError
 from mcp.types import CONNECTION_CLOSED, REQUEST_TIMEOUT, CallToolResult, Implementation, TextContent
 
+from gateway.settings import ServerEntry
 from gateway.stdio import LineReader, LineWriter, upstream_stdio
 from gateway.upstream_session import UpstreamSession
-from gateway.upstreams import CLIENT_INFO, _list_all
+from gateway.upstreams import CLIENT_INFO, Upstreams, _list_all
 
 ROOT = Path(__file__).resolve().parents[2]
 NAMES = ["echo", "fail", "hang", "exit", "ask_client", "change"]
@@ -154,3 +155,22 @@ async def test_a_list_changed_notification_is_handed_on(tmp_path: Path) -> None:
             assert "notifications/tools/list_changed" not in seen
             await session.call_tool("change", {}, 30)  # the server sends it before its answer, on the same pipe
     assert seen.count("notifications/tools/list_changed") == 1
+
+
+async def test_the_gateway_uses_it_for_stdio_and_marks_a_listing_stale_on_list_changed(tmp_path: Path) -> None:
+    mark = tmp_path / "mark"
+    entry = ServerEntry(command=sys.executable, args=chatty(mark).args, env={"PYTHONPATH": str(ROOT)})
+    async with Upstreams({"chatty": entry}, call_timeout_s=30) as upstreams:
+        up = upstreams.owner("change")
+        assert isinstance(up.session, UpstreamSession)
+        assert [tool.name for tool in upstreams.tools()] == NAMES  # every page listed at start
+        with anyio.fail_after(60):
+            await upstreams.call("echo", {}, {})
+            assert not up.stale
+            await upstreams.call("change", {}, {})
+            assert up.stale
+            assert [tool.name for tool in await upstreams.list_tools()] == NAMES  # listed again
+        assert not up.stale
+        with anyio.fail_after(60), pytest.raises(MCPError) as caught:
+            await upstreams.call("hang", {}, {}, timeout_s=0.2)
+        assert caught.value.error.code == REQUEST_TIMEOUT
