@@ -1,18 +1,18 @@
 """The upstream MCP servers the gateway fronts: each held open in a task of its own, its tools listed.
 
-Each upstream (a stdio command or a streamable-HTTP URL, `gateway.settings.ServerEntry`) is connected, a stdio
-one through the gateway's own client session (`gateway.upstream_session.UpstreamSession` over
+Each upstream (a stdio command or a streamable-HTTP URL, `gateway.settings.ServerEntry`) is connected, a stdio one
+through the gateway's own client session (`gateway.upstream_session.UpstreamSession` over
 `gateway.stdio.upstream_stdio`; the SDK's `ClientSession` where that falls back to the SDK's `stdio_client`), a
 streamable-HTTP one through the SDK's `ClientSession` and `streamable_http_client`, inside a task that holds it
 until the gateway stops, so an upstream that dies takes only itself down: its calls then fail with
-`UpstreamUnavailable` (a named error), never a hang and never the gateway. An idle upstream is pinged every `watch_interval_s`, so its death is seen
-within about a second: it is down (``status``, readiness, ``upstream_up``), its tools are no longer listed,
-`on_change` listeners are told (the gateway sends its clients ``notifications/tools/list_changed``), and it is
-reconnected with backoff (`RECONNECT_BACKOFF_S`) and listed again once it is back. A tool name two upstreams
-both offer is refused at start (the gateway re-exposes tools under their own names). An upstream's
-``notifications/tools/list_changed`` marks its listing stale; the next listing (a client's ``tools/list`` or a
-call of a tool not listed) reads it again. An upstream's result is passed on as parsed, not checked against
-the tool's output schema here (the engine checks it: `_Session`).
+`UpstreamUnavailable` (a named error), never a hang and never the gateway. An idle upstream is pinged every
+`watch_interval_s`, so its death is seen within about a second: it is down (``status``, readiness,
+``upstream_up``), its tools are no longer listed, `on_change` listeners are told (the gateway sends its clients
+``notifications/tools/list_changed``), and it is reconnected with backoff (`RECONNECT_BACKOFF_S`) and listed again
+once it is back. A tool name two upstreams both offer is refused at start (the gateway re-exposes tools under their
+own names). An upstream's ``notifications/tools/list_changed`` marks its listing stale; the next listing (a
+client's ``tools/list`` or a call of a tool not listed) reads it again. An upstream's result is passed on as
+parsed, not checked against the tool's output schema here (the engine checks it: `_Session`).
 """
 
 from __future__ import annotations
