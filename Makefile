@@ -141,6 +141,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/console_page.py
 	$(BIN)/python bench/verify.py
 	$(BIN)/python bench/gateway_latency.py --floor
+	$(BIN)/python bench/upstream_session.py
 	$(BIN)/python bench/lake.py
 
 # The public JavaScript reference skeleton that bench/engine.py compares with (never part of the project):

@@ -90,6 +90,10 @@ class LineReader:
         self._closed = False
 
     async def receive(self) -> SessionMessage | Exception:
+        return _parse(await self.receive_line())
+
+    async def receive_line(self) -> bytes:
+        """The next line as read, unparsed (for a session that parses it itself: `gateway.upstream_session`)."""
         while not self._lines:
             if self._closed:
                 raise anyio.ClosedResourceError
@@ -110,7 +114,7 @@ class LineReader:
             del self._pending[:start]
         if self._closed:
             raise anyio.ClosedResourceError
-        return _parse(self._lines.popleft())
+        return self._lines.popleft()
 
     async def aclose(self) -> None:
         self._closed = True
@@ -144,7 +148,12 @@ class LineWriter:
     async def send(self, item: SessionMessage, /) -> None:
         if self._closed:
             raise anyio.ClosedResourceError
-        data = item.message.model_dump_json(by_alias=True, exclude_unset=True).encode() + b"\n"
+        await self.send_line(item.message.model_dump_json(by_alias=True, exclude_unset=True).encode() + b"\n")
+
+    async def send_line(self, data: bytes) -> None:
+        """Write `data`, one serialised message ending in a newline (for `gateway.upstream_session`)."""
+        if self._closed:
+            raise anyio.ClosedResourceError
         if self._writer.is_closing():
             raise anyio.BrokenResourceError
         try:

@@ -1,17 +1,18 @@
 """The upstream MCP servers the gateway fronts: each held open in a task of its own, its tools listed.
 
-Each upstream (a stdio command or a streamable-HTTP URL, `gateway.settings.ServerEntry`) is connected through
-the official SDK's `ClientSession` (over `gateway.stdio.upstream_stdio`, the SDK's `stdio_client` less its
-pipe tasks, or the SDK's `streamable_http_client`) inside a task that holds it until the gateway stops, so an
-upstream that dies takes only itself down: its calls then fail with `UpstreamUnavailable` (a named error),
-never a hang and never the gateway. An idle upstream is pinged every `watch_interval_s`, so its death is seen
-within about a second: it is down (``status``, readiness, ``upstream_up``), its tools are no longer listed,
-`on_change` listeners are told (the gateway sends its clients ``notifications/tools/list_changed``), and it is
-reconnected with backoff (`RECONNECT_BACKOFF_S`) and listed again once it is back. A tool name two upstreams
-both offer is refused at start (the gateway re-exposes tools under their own names). An upstream's
-``notifications/tools/list_changed`` marks its listing stale; the next listing (a client's ``tools/list`` or a
-call of a tool not listed) reads it again. An upstream's result is passed on as the SDK parsed it, not checked
-again against the tool's output schema here (the engine checks it: `_Session`).
+Each upstream (a stdio command or a streamable-HTTP URL, `gateway.settings.ServerEntry`) is connected, a stdio one
+through the gateway's own client session (`gateway.upstream_session.UpstreamSession` over
+`gateway.stdio.upstream_stdio`; the SDK's `ClientSession` where that falls back to the SDK's `stdio_client`), a
+streamable-HTTP one through the SDK's `ClientSession` and `streamable_http_client`, inside a task that holds it
+until the gateway stops, so an upstream that dies takes only itself down: its calls then fail with
+`UpstreamUnavailable` (a named error), never a hang and never the gateway. An idle upstream is pinged every
+`watch_interval_s`, so its death is seen within about a second: it is down (``status``, readiness,
+``upstream_up``), its tools are no longer listed, `on_change` listeners are told (the gateway sends its clients
+``notifications/tools/list_changed``), and it is reconnected with backoff (`RECONNECT_BACKOFF_S`) and listed again
+once it is back. A tool name two upstreams both offer is refused at start (the gateway re-exposes tools under their
+own names). An upstream's ``notifications/tools/list_changed`` marks its listing stale; the next listing (a
+client's ``tools/list`` or a call of a tool not listed) reads it again. An upstream's result is passed on as
+parsed, not checked against the tool's output schema here (the engine checks it: `_Session`).
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ from mcp.types import (
 )
 
 from gateway.settings import ServerEntry
-from gateway.stdio import upstream_stdio
+from gateway.stdio import LineReader, LineWriter, upstream_stdio
+from gateway.upstream_session import UpstreamSession
 
 __all__ = ["RECONNECT_BACKOFF_S", "GatewayStartError", "UnknownTool", "Upstream", "UpstreamUnavailable", "Upstreams"]
 
@@ -66,7 +68,7 @@ class UnknownTool(KeyError):
 class Upstream:
     name: str
     entry: ServerEntry
-    session: ClientSession | None = None
+    session: ClientSession | UpstreamSession | None = None
     tools: list[Tool] = field(default_factory=list)
     stale: bool = False
     error: str | None = None
@@ -85,7 +87,7 @@ class _Session(ClientSession):
         return None
 
 
-async def _list_all(session: ClientSession) -> list[Tool]:
+async def _list_all(session: ClientSession | UpstreamSession) -> list[Tool]:
     tools: list[Tool] = []
     cursor: str | None = None
     while True:
@@ -182,11 +184,20 @@ class Upstreams:
             if isinstance(message, ToolListChangedNotification):
                 up.stale = True
 
+        def noticed(method: str, params: dict[str, Any] | None) -> None:
+            if method == "notifications/tools/list_changed":
+                up.stale = True
+
         connected = False
         try:
             async with self._transport(up) as streams:
                 read, write = streams[0], streams[1]
-                async with _Session(read, write, message_handler=notified, client_info=CLIENT_INFO) as session:
+                session: ClientSession | UpstreamSession
+                if isinstance(read, LineReader) and isinstance(write, LineWriter):
+                    session = UpstreamSession(read, write, client_info=CLIENT_INFO, on_notification=noticed)
+                else:
+                    session = _Session(read, write, message_handler=notified, client_info=CLIENT_INFO)
+                async with session:
                     await session.initialize()
                     up.tools = await _list_all(session)
                     up.session, up.error, connected = session, None, True
@@ -204,7 +215,7 @@ class Upstreams:
             up.session = None  # its tools stay known (to name it in errors) but are no longer listed
         return connected
 
-    async def _watch(self, up: Upstream, session: ClientSession, scope: anyio.CancelScope) -> None:
+    async def _watch(self, up: Upstream, session: ClientSession | UpstreamSession, scope: anyio.CancelScope) -> None:
         """Ping `up` every `watch_interval_s`: a closed connection (the process exited) or a ping unanswered
         for `ping_timeout_s` marks it down at once, so an idle upstream's death is seen within about a second."""
         while True:
@@ -286,9 +297,11 @@ class Upstreams:
         session = up.session
         if session is None:
             raise UpstreamUnavailable(f"upstream {up.name!r} is not connected ({up.error or 'stopped'})")
-        request_meta = RequestParamsMeta(**meta) if meta else None  # type: ignore[typeddict-item]
         try:
             timeout = self._call_timeout if timeout_s is None else timeout_s
+            if isinstance(session, UpstreamSession):
+                return await session.call_tool(name, arguments, timeout, meta=meta or None)
+            request_meta = RequestParamsMeta(**meta) if meta else None  # type: ignore[typeddict-item]
             return await session.call_tool(name, arguments, timeout, meta=request_meta)
         except MCPError as exc:
             if exc.error.code == CONNECTION_CLOSED and up.session is session:
