@@ -21,7 +21,9 @@ and data. The server's ``ping`` is answered; sampling, elicitation and roots req
 (``INVALID_REQUEST``, this client declares none of them), one whose params the protocol refuses
 ``INVALID_PARAMS``, any other request ``METHOD_NOT_FOUND``.
 Notifications go to `on_notification` (the gateway marks a listing stale on
-``notifications/tools/list_changed``). Streamable-HTTP upstreams, and stdio off asyncio, keep the SDK's session.
+``notifications/tools/list_changed``). While the host has set a tracer provider, each request is sent inside a
+CLIENT span and carries W3C trace context in its ``_meta`` (SEP-414), as the SDK's session sends it, so the
+upstream joins the caller's trace. Streamable-HTTP upstreams, and stdio off asyncio, keep the SDK's session.
 """
 
 from __future__ import annotations
@@ -36,12 +38,15 @@ import anyio
 import mcp_types as types
 import orjson
 from anyio.abc import TaskGroup
+from mcp.shared._otel import inject_trace_context, otel_span
 from mcp.shared.exceptions import MCPError
 from mcp_types import methods as _methods
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, LATEST_HANDSHAKE_VERSION
+from opentelemetry.trace import SpanKind
 from pydantic import ValidationError
 
 from gateway.stdio import LineReader, LineWriter
+from preflight.tracing import traced
 
 __all__ = ["UpstreamSession"]
 
@@ -173,7 +178,23 @@ class UpstreamSession:
 
     async def request(self, method: str, params: dict[str, Any] | None, timeout_s: float | None = None) -> Any:
         """Send a request and return its result (raw). Raises `MCPError`: the server's error, or
-        ``REQUEST_TIMEOUT`` after `timeout_s` (counted once written), or ``CONNECTION_CLOSED``."""
+        ``REQUEST_TIMEOUT`` after `timeout_s` (counted once written), or ``CONNECTION_CLOSED``.
+
+        While the host has set a tracer provider (`preflight.tracing.traced`), the request is sent inside a
+        CLIENT span and carries W3C trace context in its ``_meta`` (SEP-414), as the SDK's session sends it."""
+        if not traced():
+            return await self._request(method, params, timeout_s)
+        target = params.get("name") if params else None
+        with otel_span(
+            f"MCP send {method}{f' {target}' if isinstance(target, str) else ''}",
+            kind=SpanKind.CLIENT,
+            attributes={"mcp.method.name": method},
+        ):
+            meta = dict((params or {}).get("_meta") or {})
+            inject_trace_context(meta)
+            return await self._request(method, {**(params or {}), "_meta": meta} if meta else params, timeout_s)
+
+    async def _request(self, method: str, params: dict[str, Any] | None, timeout_s: float | None) -> Any:
         if self._closed:
             raise _closed()
         self._next_id += 1

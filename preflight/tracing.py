@@ -34,7 +34,7 @@ from typing import Any
 
 from preflight.records import ExecutionRecord
 
-__all__ = ["TRACER_NAME", "RunSpan", "run_span"]
+__all__ = ["TRACER_NAME", "RunSpan", "run_span", "traced"]
 
 TRACER_NAME = "preflight"
 _MAX_NAME = 128
@@ -88,10 +88,15 @@ class RunSpan:
             span.set_status(Status(StatusCode.ERROR, "the preflight backstop held the run"))
 
 
+def traced() -> bool:
+    """Whether the host has set a tracer provider; with none (or no OpenTelemetry), every span would be a no-op."""
+    return _TRACER is not None and not isinstance(_trace.get_tracer_provider(), _trace.ProxyTracerProvider)
+
+
 @contextmanager
 def run_span(raw_input: Any) -> Iterator[RunSpan]:
     """A span around one run, current while the block runs (see the module doc)."""
-    if _TRACER is None or isinstance(_trace.get_tracer_provider(), _trace.ProxyTracerProvider):
+    if _TRACER is None or not traced():
         yield RunSpan(None, None)  # no provider set by the host: every span would be a no-op
         return
     with _TRACER.start_as_current_span("preflight", record_exception=True) as span:

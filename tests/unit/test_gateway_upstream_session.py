@@ -20,11 +20,14 @@ import pytest
 from mcp import ClientSession, StdioServerParameters
 from mcp.shared.exceptions import MCPError
 from mcp.types import CONNECTION_CLOSED, REQUEST_TIMEOUT, CallToolResult, Implementation, TextContent
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind
 
 from gateway.settings import ServerEntry
 from gateway.stdio import LineReader, LineWriter, upstream_stdio
 from gateway.upstream_session import UpstreamSession
 from gateway.upstreams import CLIENT_INFO, Upstreams, _list_all
+from tests.spans import span_exporter
 
 ROOT = Path(__file__).resolve().parents[2]
 NAMES = ["echo", "fail", "hang", "exit", "ask_client", "change"]
@@ -80,6 +83,23 @@ async def test_meta_and_arguments_pass_through(tmp_path: Path) -> None:
     assert said["arguments"] == {"x": 1, "y": ["z"]}
     assert said["meta"] == meta
     assert bare == {"arguments": {}, "meta": None}
+
+
+async def test_the_callers_trace_context_reaches_the_upstream(tmp_path: Path) -> None:
+    """With a tracer provider set, the request carries ``traceparent`` of a CLIENT span in the current trace (the
+    SDK's session sends the same); the caller's own ``_meta`` is kept beside it."""
+    spans = span_exporter()
+    with trace.get_tracer("agent").start_as_current_span("agent step") as step:
+        async with lean(chatty(tmp_path / "mark")) as session:
+            with anyio.fail_after(60):
+                said = json.loads(text(await session.call_tool("echo", {}, 30, meta={"k": "v"})))
+    sent = said["meta"]
+    assert sent["k"] == "v"
+    _, trace_id, parent_id, _ = sent["traceparent"].split("-")
+    assert int(trace_id, 16) == step.get_span_context().trace_id
+    client = [s for s in spans.get_finished_spans() if s.name == "MCP send tools/call echo"]
+    assert len(client) == 1 and client[0].kind == SpanKind.CLIENT and client[0].context is not None
+    assert int(parent_id, 16) == client[0].context.span_id
 
 
 async def sdk_call(mark: Path, name: str) -> CallToolResult | MCPError:
