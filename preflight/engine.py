@@ -469,7 +469,8 @@ class _Run:
                 reason, _json_list(raw), self.clock(), "checklist_ids", "configuration_defect", started
             )
         self.checklist = [dict(item) for item in raw]
-        self.checklist_json = _json_list(self.checklist)
+        # The same items' JSON as the run's start recorded (`started_summary`): taken once a run.
+        self.checklist_json = list(self.trace.started["user_checklist"])
         if len(self.checklist_json) != len(self.checklist):
             # Dropping it would defer a run whose trigger then verifies nothing: refuse instead.
             raise TypeError("the user checklist holds a value that cannot be recorded as JSON")
