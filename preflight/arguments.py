@@ -211,7 +211,10 @@ class CallPlan:
 
     def call_violations(self, values: Mapping[str, Any]) -> list[tuple[str, str]]:
         """The whole call's violations as (pointer of the value at fault, reason), every leaf known."""
-        call = assemble(values)
+        return self.violations_of(assemble(values))
+
+    def violations_of(self, call: Mapping[str, Any]) -> list[tuple[str, str]]:
+        """`call_violations` of a call already assembled (`call_arguments`)."""
         if _fast_valid(self.compiled.fast, call):
             return []
         found = []
