@@ -129,7 +129,10 @@ def assemble(values: Mapping[str, Any]) -> dict[str, Any]:
     """The call's arguments from its leaves' values (name -> value), objects built from their leaves."""
     out: dict[str, Any] = {}
     for name, value in values.items():
-        tokens = pointer_tokens(pointer_of(name))
+        if name[:1] != "/":  # a top-level key by its plain name: its own one token (`pointer_of`)
+            out[name] = value
+            continue
+        tokens = pointer_tokens(name)
         node = out
         for token in tokens[:-1]:
             child = node.setdefault(token, {})
