@@ -3,9 +3,9 @@
 It may only ever answer what the Python check would conclude, or nothing: for any bytes, each text it
 vouches for is the canonical JSON of the object it reads as, and that object's hash is its content hash
 (soundness); for an event already in canonical form, it vouches unless the form holds something it leaves
-to Python -- a key with an escape, an integer of more than 18 digits, nesting deeper than its limit
-(completeness, so that the fast path does take it). With it or without it, the fast path returns the
-same events and texts.
+to Python -- a key with an escape or a character from U+E000 up, an integer of more than 18 digits,
+nesting deeper than its limit (completeness, so that the fast path does take it). With it or without it,
+the fast path returns the same events and texts.
 """
 
 from __future__ import annotations
