@@ -207,7 +207,7 @@ def _parts() -> list[tuple[Any, str, str]]:
         (run, "verify_user_checklist", "  step 8: user checklist"),
         (run, "tally", "  step 9: tally (gate, record model, reason)"),
         (arguments.CallPlan, "leaf_violation", "    the schema check of each leaf (jsonschema-rs, jsonschema)"),
-        (arguments.CallPlan, "call_violations", "    the schema check of the whole call (jsonschema-rs, jsonschema)"),
+        (arguments.CallPlan, "violations_of", "    the schema check of the whole call (jsonschema-rs, jsonschema)"),
         (api.Preflight, "_emit", "building the events (Preflight._emit)"),
         (emit, "sealed", "  sealing the 9 events (canonical form, hash, the model assembled)"),
         (events, "event_canonical_json", "    the canonical form (RFC 8785), where sealed in Python"),

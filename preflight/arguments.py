@@ -129,7 +129,10 @@ def assemble(values: Mapping[str, Any]) -> dict[str, Any]:
     """The call's arguments from its leaves' values (name -> value), objects built from their leaves."""
     out: dict[str, Any] = {}
     for name, value in values.items():
-        tokens = pointer_tokens(pointer_of(name))
+        if name[:1] != "/":  # a top-level key by its plain name: its own one token (`pointer_of`)
+            out[name] = value
+            continue
+        tokens = pointer_tokens(name)
         node = out
         for token in tokens[:-1]:
             child = node.setdefault(token, {})
@@ -211,7 +214,10 @@ class CallPlan:
 
     def call_violations(self, values: Mapping[str, Any]) -> list[tuple[str, str]]:
         """The whole call's violations as (pointer of the value at fault, reason), every leaf known."""
-        call = assemble(values)
+        return self.violations_of(assemble(values))
+
+    def violations_of(self, call: Mapping[str, Any]) -> list[tuple[str, str]]:
+        """`call_violations` of a call already assembled (`call_arguments`)."""
         if _fast_valid(self.compiled.fast, call):
             return []
         found = []

@@ -410,6 +410,9 @@ class _Run:
         self.fields: list[FieldRecord] = []
         self.resolved: list[Resolved] = []
         self.verified: list[Any] = []
+        #: The call assembled from the settled fields when every one was known (`check_the_call`): what an
+        #: `execute` decision sends and admission judges, assembled once a run.
+        self.call: dict[str, Any] | None = None
 
     def record(self, **values: Any) -> ExecutionRecord:
         """A record of this run: what it settled so far, and `values` (the decision and what goes with it)."""
@@ -469,7 +472,8 @@ class _Run:
                 reason, _json_list(raw), self.clock(), "checklist_ids", "configuration_defect", started
             )
         self.checklist = [dict(item) for item in raw]
-        self.checklist_json = _json_list(self.checklist)
+        # The same items' JSON as the run's start recorded (`started_summary`): taken once a run.
+        self.checklist_json = list(self.trace.started["user_checklist"])
         if len(self.checklist_json) != len(self.checklist):
             # Dropping it would defer a run whose trigger then verifies nothing: refuse instead.
             raise TypeError("the user checklist holds a value that cannot be recorded as JSON")
@@ -630,7 +634,8 @@ class _Run:
         settled = [r.field for r in self.resolved]
         if not settled or any(f.status != "known" for f in settled):
             return
-        problems = self.plan.call_violations({f.name: f.value for f in settled})
+        self.call = call_arguments({f.name: f.value for f in settled})
+        problems = self.plan.violations_of(self.call)
         for index, resolved in enumerate(self.resolved):
             pointer = pointer_of(resolved.field.name)
             why = [reason for path, reason in problems if pointer == path or pointer.startswith(path + "/")]
@@ -743,9 +748,14 @@ class _Run:
             admission=admitted,
         )
         if final == "execute":
-            self.trace.arguments = call_arguments({f.name: f.value for f in self.fields})
+            self.trace.arguments = self._call()
             return Decided(record, self.trace)
         return self.stop(record, "value", gap_class_for("value", unknown))
+
+    def _call(self) -> dict[str, Any]:
+        """The call of a run whose fields are all known: the one `check_the_call` assembled (a field it
+        demoted leaves the run unknown, so it is never an `execute`'s), else assembled here (no fields)."""
+        return self.call if self.call is not None else call_arguments({f.name: f.value for f in self.fields})
 
     # Step 9b: admission (SPEC §4), only for a run that would execute. It judges an invocation: the
     # arguments exist only once every field is known, and the approval and the environment are read at
@@ -753,8 +763,7 @@ class _Run:
     # an invocation yet, and those questions are the user's to answer before any approval is sought.
     def admit(self) -> tuple[Decided | None, AdmissionVerdict]:
         assert self.admission is not None and self.action_key is not None
-        arguments = call_arguments({f.name: f.value for f in self.fields})
-        assessment = self.admission.assess(self.inp, self.action_key, arguments)
+        assessment = self.admission.assess(self.inp, self.action_key, self._call())
         self.trace.took("admission_assessed", **assessment.event)
         if assessment.allowed:
             return None, assessment.verdict

@@ -195,11 +195,14 @@ class AdmissionPolicy:
         """Judge the run's invocation of `inp.tool` with `arguments` (its settled field values)."""
         tool = inp.tool
         contract, descriptor, source = self.descriptor_for(tool)
+        version, (own_class, basis) = tool_version(tool), effect_class_of(tool)  # read once a judgement
         correlation_id = inp.correlation_id if inp.correlation_id is not None else action_key
-        environment = inp.environment.model_dump(mode="json") if inp.environment is not None else {"status": "ready"}
+        # The input's own models are judged as they are (`assess_tool_invocation` takes a model as given),
+        # not dumped and validated again; each is dumped once, for the event.
+        environment: Any = inp.environment if inp.environment is not None else {"status": "ready"}
         request = {
             "correlation_id": correlation_id,
-            "tool": {"name": tool.name, "version": tool_version(tool)},
+            "tool": {"name": tool.name, "version": version},
             "arguments": dict(arguments),
         }
         record: Any = inp.invocation_record
@@ -212,7 +215,7 @@ class AdmissionPolicy:
             approval=inp.approval,
             invocation_record=record,
         )
-        effect_class = descriptor.effect_class if descriptor is not None else effect_class_of(tool)[0]
+        effect_class = descriptor.effect_class if descriptor is not None else own_class
         verdict = AdmissionVerdict(
             effect_class=effect_class,
             status=result.status,
@@ -223,9 +226,9 @@ class AdmissionPolicy:
         )
         event = {
             "tool_name": tool.name,
-            "tool_version": tool_version(tool),
+            "tool_version": version,
             "effect_class": effect_class,
-            "effect_basis": effect_class_of(tool)[1],
+            "effect_basis": basis,
             "effect_source": source,
             "contract_version": None if self.contract is None else _version_text(self.contract.version),
             "approval_scope": descriptor.approval_scope if descriptor is not None else None,

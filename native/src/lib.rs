@@ -1,15 +1,17 @@
 //! The projector's compiled check of a message's events (`projections.decode`'s fast path).
 //!
 //! A message is a JSON array of events. The producer writes each event in its canonical form, the
-//! form its chain hash is computed over (`preflight.events.canonical_json`: keys sorted by code point,
-//! no whitespace, UTF-8 unescaped, only the escapes Python's `json.dumps` writes). `canonical_texts`
+//! form its chain hash is computed over (RFC 8785 from event version 3, `preflight.events.canonical_json`
+//! before: keys sorted by UTF-16 code unit or by code point, which agree for keys below U+E000; no
+//! whitespace, UTF-8 unescaped, only the escapes Python's `json.dumps` writes). `canonical_texts`
 //! answers, for the raw message bytes, the text of each event when every one of them is already in
 //! that form, its `event_id` spells a UUID and its `hash` (64 lower-case hex digits) is the SHA-256 of
 //! its `prev_hash`, a newline and its text without the `hash` member. Anything it cannot vouch for -- a
-//! float, a key with an escape, an integer of more than 18 digits, nesting deeper than `MAX_DEPTH`,
-//! whitespace or a key out of order inside an event, an event_id of another form, a hash that does not
-//! match -- is answered `None`, and the caller judges the message in Python, which
-//! names the defect. So the answer is either exactly what the Python check would conclude or no answer.
+//! float, a key with an escape or a character from U+E000 up (where the two orders can differ), an
+//! integer of more than 18 digits, nesting deeper than `MAX_DEPTH`, whitespace or a key out of order
+//! inside an event, an event_id of another form, a hash that does not match -- is answered `None`, and
+//! the caller judges the message in Python, which names the defect. So the answer is either exactly
+//! what the Python check would conclude or no answer.
 //!
 //! It does not validate events against their models: the caller has done that before asking.
 
@@ -170,8 +172,9 @@ fn value(b: &[u8], at: usize, depth: usize) -> Option<usize> {
     }
 }
 
-/// A canonical object: keys without escapes, in strictly ascending byte order (which is code point
-/// order, and rules out a repeated key); `event` notes the members the chain hash needs.
+/// A canonical object: keys without escapes and below U+E000, in strictly ascending byte order (which is
+/// code point order, and there RFC 8785's UTF-16 order too; it rules out a repeated key); `event` notes the
+/// members the chain hash needs.
 fn object(b: &[u8], at: usize, depth: usize, mut event: Option<&mut Event>) -> Option<usize> {
     if depth > MAX_DEPTH {
         return None;
@@ -184,10 +187,12 @@ fn object(b: &[u8], at: usize, depth: usize, mut event: Option<&mut Event>) -> O
     loop {
         let member = at;
         let (key_end, escaped) = string(b, at)?;
-        if escaped {
+        let key = &b[at + 1..key_end - 1];
+        // A key with a character from U+E000 up (UTF-8 lead byte 0xEE-0xF4) may sort apart by code point
+        // and by UTF-16 code unit (RFC 8785's order): left to the caller, as escaped keys are.
+        if escaped || key.iter().any(|&c| c >= 0xEE) {
             return None;
         }
-        let key = &b[at + 1..key_end - 1];
         if previous.is_some_and(|p| p >= key) {
             return None;
         }

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from preflight import MemoryStorage, create_preflight
 from preflight import scenario as sc
+from preflight.arguments import assemble, pointer_of, pointer_tokens
 from preflight.engine import Decided, Trace
 from preflight.errors import EffectUnknownError
 from preflight.events import (
@@ -325,6 +326,31 @@ def test_a_recorded_value_is_its_json_round_trip(value: Any) -> None:
     ok, recorded = json_value(value)
     assert ok is expected[0]
     assert json.dumps(recorded) == json.dumps(expected[1])
+
+
+_KEY = st.text(st.sampled_from("ab/~0 1é"), max_size=4)
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    keys=st.lists(_KEY, max_size=5, unique=True), nested=st.lists(st.lists(_KEY, min_size=1, max_size=3), max_size=3)
+)
+def test_a_call_is_assembled_from_its_leaves_pointers(keys: list[str], nested: list[list[str]]) -> None:
+    """`assemble` writes a plain name as its own key (its shortcut) exactly where its pointer's one token
+    puts it, and a pointer's leaf under its objects, in the leaves' order."""
+    names = [*keys, *("/" + "/".join(token.replace("~", "~0").replace("/", "~1") for token in n) for n in nested)]
+    values = {name: index for index, name in enumerate(names)}
+    expected: dict[str, Any] = {}
+    try:
+        for name, value in values.items():
+            tokens = pointer_tokens(pointer_of(name))
+            node = expected
+            for token in tokens[:-1]:
+                node = node.setdefault(token, {})
+            node[tokens[-1]] = value
+    except (AttributeError, TypeError):  # a leaf above another: no plan has one
+        return
+    assert json.dumps(assemble(values)) == json.dumps(expected)
 
 
 async def test_events_sharing_their_set_of_given_members_are_copied_apart() -> None:
