@@ -78,7 +78,8 @@ def utc_now() -> str:
 class ExecutionOutcome:
     """What `execute_if_ready` did. `held` means nothing was called.
 
-    `state` is the record of the call (`executed` / `failed`), or for `held` the state given. A held
+    `state` is the record of the call (`executed` / `failed`), or for `held` the state given (and for a call
+    whose outcome is recorded after its answer, ``await_outcome=False``, the decision as recorded). A held
     `execute` decision is recorded as a run of its own (`refusal`: a `hold` whose gate is an
     `ExecutionGate` naming the decision and the `code` of the refusal); `code` is that code.
     """
@@ -352,10 +353,14 @@ class Preflight:
         verify too, and a decision signed by a trusted key in another process is acted on as well.
 
         ``await_outcome=False`` (the gateway's admitted reads) returns once the tool answered and records
-        the outcome after: its event is published in a task of this engine's, retried (`OUTCOME_RETRY_S`),
-        and if it still fails, an `OutcomeNotRecorded` is logged and handed to `on_outcome_not_recorded`;
-        `drain` waits for such tasks. The decision is recorded before the call either way. A process that
-        dies before the outcome is acknowledged leaves the run open (admitted, no outcome), never executed.
+        the outcome after: its event is built (the result's digest, its output check, the sealing) and
+        published in a task of this engine's, retried (`OUTCOME_RETRY_S`), and if it still fails (or cannot
+        be built), an `OutcomeNotRecorded` is logged and handed to `on_outcome_not_recorded`; `drain` waits
+        for such tasks. The returned outcome's `state` is then the decision as recorded (its run ends at the
+        decision; the outcome event follows it in the log), except for an unknown effect, whose record is
+        built before returning (its action key holds at once). The decision is recorded before the call
+        either way. A process that dies before the outcome is acknowledged leaves the run open (admitted, no
+        outcome), never executed.
         """
         definition = _tool_definition(tool)  # validated once: the gate below and the output check read it
         refusal, signed = self._refusal(state, definition)
@@ -378,52 +383,29 @@ class Preflight:
             error = exc
         else:
             error = tool_error(result)  # an MCP error result is a failed call, never an execution
-        output_schema = definition.output_schema_json if definition is not None else None
-        checked = None if error is not None else output_check(structured_content(result), output_schema)
         cause = effect_unknown_cause(error)
         suffix = CALL_SUCCEEDED if error is None else f"call failed: {type(error).__name__}: {error}"
         if cause is not None:
             suffix = f"effect unknown ({cause}): {type(error).__name__}: {error}"
-        final = state.model_copy(
-            update={
-                "execution_decision": "executed" if error is None else "effect_unknown" if cause else "failed",
-                "reason": f"{state.reason} / {suffix}",
-                "timestamp": self._clock(),
-            }
+        status: Literal["executed", "failed", "effect_unknown"] = (
+            "executed" if error is None else "effect_unknown" if cause else "failed"
         )
-        events = list(state.run_events)
-        user_id, agent_id = events[0].user_id, events[0].agent_id
-        event = outcome_event(
-            state,
-            ref,
-            executed=final,
-            error=error,
-            result=result,
-            user_id=user_id,
-            agent_id=agent_id,
-            clock=self._clock,
-            new_id=new_id,
-            sealer=sealer,
-            checked=checked,
-        )
-        if sealer is not None:
-            sealer.close()
-        final = final.with_run_ref(
-            ref.model_copy(update={"last_hash": event.hash, "next_seq": ref.next_seq + 1}), (*events, event)
-        )
-        outcome = ExecutionOutcome(
-            status="executed" if error is None else "effect_unknown" if cause else "failed",
-            state=final,
-            result=result,
-            error=error,
-            reason=suffix,
-        )
+        if not await_outcome and cause is None:
+            # The answer goes back now; the outcome's event (the result's digest, its output check, the
+            # sealing) is built after it, in the recording task, with the time the call answered.
+            answered = self._clock()
+            early = ExecutionOutcome(status=status, state=state, result=result, error=error, reason=suffix)
+            self._record_later(
+                lambda: self._outcome_record(state, definition, sealer, result, error, suffix, lambda: answered),
+                early,
+            )
+            return early
+        event, final = self._outcome_record(state, definition, sealer, result, error, suffix, self._clock)
+        outcome = ExecutionOutcome(status=status, state=final, result=result, error=error, reason=suffix)
         if cause is not None and final.action_key is not None:
             self.unsettled[final.action_key] = final  # before publishing: held even if recording fails
         if not await_outcome:
-            task = asyncio.get_running_loop().create_task(self._record_outcome(event, final, outcome))
-            self._recording.add(task)
-            task.add_done_callback(self._recording.discard)
+            self._record_later(lambda: (event, final), outcome)
             return outcome
         try:
             await self.sink.publish([event])
@@ -435,22 +417,89 @@ class Preflight:
             ) from exc
         return outcome
 
-    async def _record_outcome(self, event: PreflightEvent, final: ExecutionRecord, outcome: ExecutionOutcome) -> None:
-        """Record an outcome after its answer, retried; a last failure is an `OutcomeNotRecorded`, logged and
-        told (never dropped silently). A retry may publish the event twice: consumers keep one (event id)."""
-        for wait in (*OUTCOME_RETRY_S, None):
-            try:
-                await self.sink.publish([event])
-                await self._persist(final)
-                return
-            except Exception as exc:
-                failure = exc
-            if wait is not None:
-                log.warning("the outcome of run %s is not recorded yet (%s); retrying", event.run_id, failure)
-                await asyncio.sleep(wait)
+    def _outcome_record(
+        self,
+        state: ExecutionRecord,
+        definition: Tool | None,
+        sealer: RunSealer | None,
+        result: Any,
+        error: BaseException | None,
+        suffix: str,
+        clock: Callable[[], str],
+    ) -> tuple[PreflightEvent, ExecutionRecord]:
+        """The outcome event of `state`'s call and the record it ends (`state`'s run extended by it); the
+        run's sealer is closed after it."""
+        ref = state.run_ref
+        assert ref is not None
+        try:
+            output_schema = definition.output_schema_json if definition is not None else None
+            checked = None if error is not None else output_check(structured_content(result), output_schema)
+            cause = effect_unknown_cause(error)
+            final = state.model_copy(
+                update={
+                    "execution_decision": "executed" if error is None else "effect_unknown" if cause else "failed",
+                    "reason": f"{state.reason} / {suffix}",
+                    "timestamp": clock(),
+                }
+            )
+            events = list(state.run_events)
+            event = outcome_event(
+                state,
+                ref,
+                executed=final,
+                error=error,
+                result=result,
+                user_id=events[0].user_id,
+                agent_id=events[0].agent_id,
+                clock=clock,
+                new_id=new_id,
+                sealer=sealer,
+                checked=checked,
+            )
+        finally:
+            if sealer is not None:
+                sealer.close()
+        final = final.with_run_ref(
+            ref.model_copy(update={"last_hash": event.hash, "next_seq": ref.next_seq + 1}), (*events, event)
+        )
+        return event, final
+
+    def _record_later(
+        self, build: Callable[[], tuple[PreflightEvent, ExecutionRecord]], outcome: ExecutionOutcome
+    ) -> None:
+        """Record an outcome after its answer, in a task of this engine's (`drain` waits for it)."""
+        task = asyncio.get_running_loop().create_task(self._record_outcome(build, outcome))
+        self._recording.add(task)
+        task.add_done_callback(self._recording.discard)
+
+    async def _record_outcome(
+        self, build: Callable[[], tuple[PreflightEvent, ExecutionRecord]], outcome: ExecutionOutcome
+    ) -> None:
+        """Build and record an outcome after its answer, retried; a last failure (or an outcome that cannot be
+        built) is an `OutcomeNotRecorded`, logged and told (never dropped silently). A retry may publish the
+        event twice: consumers keep one (event id)."""
+        run_id = outcome.state.run_ref.run_id if outcome.state.run_ref is not None else "?"
+        try:
+            event, final = build()
+        except Exception as exc:
+            failure: Exception = exc
+            attempts = 0
+        else:
+            attempts = len(OUTCOME_RETRY_S) + 1
+            for wait in (*OUTCOME_RETRY_S, None):
+                try:
+                    await self.sink.publish([event])
+                    await self._persist(final)
+                    return
+                except Exception as exc:
+                    failure = exc
+                if wait is not None:
+                    log.warning("the outcome of run %s is not recorded yet (%s); retrying", run_id, failure)
+                    await asyncio.sleep(wait)
+        how = f"after {attempts} attempts" if attempts else "its event could not be built"
         error = OutcomeNotRecorded(
-            f"the tool was called ({outcome.status}) but the outcome of run {event.run_id} could not be recorded"
-            f" after {len(OUTCOME_RETRY_S) + 1} attempts: {failure}",
+            f"the tool was called ({outcome.status}) but the outcome of run {run_id} could not be recorded"
+            f" ({how}): {failure}",
             outcome,
         )
         log.error("%s", error)

@@ -75,11 +75,62 @@ class TestAReadsOutcomeAfterItsAnswer:
         pf = read_engine(sink)
         state = await pf.admit_read(INPUT)
         outcome = await pf.execute_if_ready(state, READ, answered, await_outcome=False)
-        assert outcome.status == "executed"
+        assert outcome.status == "executed" and outcome.state is state  # the decision, as recorded
         await pf.drain()
-        run = [e for e in sink.events if e.run_id == outcome.state.run_events[0].run_id]
-        assert run[-1].event_type == "executed"
-        assert rebuild_record(run) == outcome.state
+        run = [e for e in sink.events if e.run_id == state.run_events[0].run_id]
+        assert [e.event_type for e in run][-2:] == ["run_closed", "executed"]
+        rebuilt = rebuild_record(run)
+        assert rebuilt.execution_decision == "executed"
+        assert rebuilt.run_events[:-1] == state.run_events and rebuilt.fields == state.fields
+
+    async def test_its_event_is_built_after_the_answer(self) -> None:
+        """Nothing of the outcome is built on the call's path: when the answer is back, the recording task has
+        not run yet (no turn of the loop since), and the run still ends at its decision."""
+        sink = Sink()
+        pf = read_engine(sink)
+        state = await pf.admit_read(INPUT)
+        outcome = await pf.execute_if_ready(state, READ, answered, await_outcome=False)
+        assert [e.event_type for e in sink.events][-1] == "run_closed" and sink.attempts == 1
+        assert outcome.result == {"timezone": "UTC"} and outcome.state is state
+        await pf.drain()
+        assert sink.events[-1].event_type == "executed" and sink.attempts == 2
+
+    async def test_one_that_cannot_be_built_is_a_named_error(self, caplog: pytest.LogCaptureFixture) -> None:
+        """A call whose outcome cannot be built (here its result's model breaks when read again) is answered,
+        and its outcome reported unrecorded (named, logged), never dropped silently and never published
+        half-built."""
+        sink = Sink()
+        pf = read_engine(sink)
+        reported: list[OutcomeNotRecorded] = []
+        pf.on_outcome_not_recorded = reported.append
+
+        class Broken:
+            """A result model that can be read once: the call's own read of it (is it an error?) works, the
+            outcome's (its structured content, its digest) breaks."""
+
+            reads = 0
+
+            def model_dump(self, **options: Any) -> Any:
+                self.reads += 1
+                if self.reads > 1:
+                    raise RuntimeError("the result's dump broke")
+                return {"content": []}
+
+        broken = Broken()
+
+        async def strange(name: str, arguments: dict[str, Any]) -> Broken:
+            return broken
+
+        state = await pf.admit_read(INPUT)
+        with caplog.at_level(logging.ERROR, logger="preflight"):
+            outcome = await pf.execute_if_ready(state, READ, strange, await_outcome=False)
+            await pf.drain()
+        assert outcome.status == "executed" and outcome.result is broken
+        assert len(reported) == 1 and reported[0].outcome is outcome
+        assert "could not be built" in str(reported[0]) and "dump broke" in str(reported[0])
+        assert state.run_events[0].run_id in str(reported[0])
+        assert any("could not be built" in r.getMessage() and r.levelno == logging.ERROR for r in caplog.records)
+        assert [e.event_type for e in sink.events][-1] == "run_closed" and sink.attempts == 1
 
     async def test_a_failing_publish_is_retried(self) -> None:
         sink = Sink(failures=2)
