@@ -160,6 +160,10 @@ async def measure(calls: int, warmup: int, broker: str, work: Path, floor: bool 
         ):
             await d.initialize()
             await g.initialize()
+            # As a client does before calling (and the SDK's session does on its first call otherwise): the
+            # listing, not the gateway's first call, then carries the client's own first look at the tools.
+            await d.list_tools()
+            await g.list_tools()
             direct_first = await timed(d)
             started = await scrape(metrics)
             cold = (direct_first, await timed(g))  # each side's first call after its start
