@@ -176,12 +176,17 @@ def test_only_pipes_and_sockets_are_attachable() -> None:
     assert not attachable(10_000)  # not open
 
 
-async def test_an_sdk_client_and_server_over_the_transport_in_a_child_process() -> None:
-    params = StdioServerParameters(
+def pipe_server() -> StdioServerParameters:
+    """A real SDK server served over this transport (`tests/servers/pipe_stdio_server.py`)."""
+    return StdioServerParameters(
         command=sys.executable,
         args=[str(ROOT / "tests" / "servers" / "pipe_stdio_server.py")],
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
+
+
+async def test_an_sdk_client_and_server_over_the_transport_in_a_child_process() -> None:
+    params = pipe_server()
     text = "ü" * (1 << 20)
     with tempfile.TemporaryFile("w+") as errlog:
         async with stdio_client(params, errlog=errlog) as (read, write), ClientSession(read, write) as session:

@@ -22,6 +22,7 @@ from mcp.shared.message import SessionMessage
 from mcp.types import CONNECTION_CLOSED, TextContent
 
 from gateway.stdio import LineReader, LineWriter, upstream_stdio
+from tests.unit.test_gateway_stdio import pipe_server
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -33,11 +34,7 @@ def python(script: str, *args: str) -> StdioServerParameters:
 
 
 async def test_an_sdk_session_through_the_lean_transport_to_a_real_server() -> None:
-    params = StdioServerParameters(
-        command=sys.executable,
-        args=[str(ROOT / "tests" / "servers" / "pipe_stdio_server.py")],
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
+    params = pipe_server()
     text = "ü" * (1 << 20)
     with tempfile.TemporaryFile("w+") as errlog:
         async with upstream_stdio(params, errlog) as (read, write):
