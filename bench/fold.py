@@ -6,8 +6,9 @@ plus an `executed`/`execution_failed` tail per executed run) to a fresh topic on
 then measures:
 
   (i)   raw: aiokafka consume of the whole topic + stdlib JSON decode of every message, events/s;
-  (ii)  fold: a `faust worker` subprocess (streams.app, the startup catch-up off, so Faust's consumer
-        delivers everything) folding the topic from offset 0 until its watermarks reach the end;
+  (ii)  fold: a `faust worker` subprocess (streams.app, the startup catch-up off: the worker is ready at
+        once and folds the topic as it does a growing log, from its own reader, `streams.feed`) folding the
+        topic from offset 0 until its watermarks reach the end;
         events/s over the worker's own fold window (first to last batch), and over wall time;
   (iii) the pure fold in this process (decode + `evolve`, no broker), the ceiling for (ii);
   (iv)  a bare Faust agent (`bench/faust_floor.py`: take_events, count only), the ceiling of any Faust
@@ -379,6 +380,14 @@ async def bench(args: argparse.Namespace) -> None:
             )
         cpu = sorted(result["cpu"].items(), key=lambda kv: -kv[1])
         worker_cpu = sum(result["cpu"].values())
+        if since.get("fold_cpu_s"):
+            # The worker's own count over its fold window (first fold to last batch stored): the span sampled from
+            # outside starts when the bench sees it ready, and its reader may have folded a batch by then.
+            print(
+                f"worker CPU over its fold window, counted by the worker: {since['fold_cpu_s']:.2f} s; sampled from"
+                f" outside, ready to stored: {worker_cpu:.2f} s; the larger is taken"
+            )
+            worker_cpu = max(worker_cpu, since["fold_cpu_s"])
         print(
             f"worker CPU from ready to folded (~{window:.1f} s): "
             + ", ".join(f"{name} {sec:.1f} s" for name, sec in cpu)

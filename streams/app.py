@@ -64,6 +64,7 @@ from streams.batch import (
     state_key,
 )
 from streams.errors import StreamsError
+from streams.feed import Feed
 from streams.metrics import PartitionFigures, WorkerFigures, worker_registry
 from streams.settings import WorkerSettings
 from streams.view import QueryError, baseline_body, key_partition, parse_query, totals, unavailable_body
@@ -361,6 +362,9 @@ class Folder:
         self._log_end_at = -_LOG_END_TTL_S
         self.first_fold_at: float | None = None  # wall clock, for throughput measured in the worker
         self.last_fold_at: float | None = None
+        #: The process's CPU seconds (every thread) at the first fold, and from then to the last batch stored.
+        self._first_fold_cpu = 0.0
+        self.fold_cpu_s = 0.0
         #: Per partition, the next offset whose batch's writes the broker has acknowledged (the status's
         #: ``stored``: what a restart would resume from, where ``progress`` is what the table has folded).
         self.stored: dict[int, int] = {}
@@ -430,11 +434,7 @@ class Folder:
         self.assigned = frozenset()
         self.caught_up.clear()
         self._began = time.monotonic()
-        task, self._catching_up = self._catching_up, None
-        if task is not None and not task.done():
-            task.cancel()
-            with contextlib.suppress(BaseException):
-                await task
+        await self.stop_following()
         await self.drain()  # the batches in flight reach the changelog before the next owner reads it
 
     async def on_assigned(self) -> None:
@@ -453,7 +453,21 @@ class Folder:
             log.exception("reading the changelog's tail failed: the fold catches up from the log instead")
         self.restored = {p: self.progress(p).offset for p in sorted(owned)}
         log.info("restored: folded up to %s", self.restored)
-        self._catching_up = asyncio.create_task(self.catch_up(owned, self.generation), name="catch-up")
+        self._catching_up = asyncio.create_task(self._catch_up_and_follow(owned, self.generation), name="catch-up")
+
+    async def _catch_up_and_follow(self, owned: frozenset[int], generation: int) -> None:
+        """This assignment's catch-up, then its partitions read by the worker's own reader (`follow`)."""
+        await self.catch_up(owned, generation)
+        if generation == self.generation:
+            await self.follow(owned)
+
+    async def stop_following(self) -> None:
+        """Stop catching up and reading the owned partitions (the worker stops, or a rebalance starts)."""
+        task, self._catching_up = self._catching_up, None
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
 
     async def restore_tail(self, partitions: Iterable[int]) -> None:
         """Apply the changelog records past where Faust's restore stopped, up to the changelog's real end.
@@ -541,32 +555,85 @@ class Folder:
         """Fold a `take_events` batch, partition by partition. Never raises: a failed partition is
         logged and left at its watermark, and the next batch reads its offsets back."""
         await self.topology_checked.wait()
-        by_partition: dict[int, list[Any]] = {}
+        by_partition: dict[int, list[Incoming]] = {}
         for event in events:
-            by_partition.setdefault(event.message.partition, []).append(event)
+            message = event.message
+            by_partition.setdefault(message.partition, []).append(
+                Incoming(message.partition, message.offset, message.key, message.value)
+            )
         try:
-            for partition, group in by_partition.items():
-                try:
-                    async with self._locks[partition]:
-                        await self._fold_partition(partition, group)
-                except Exception:
-                    self.failed_batches += 1
-                    log.exception(
-                        "partition %d: batch at offsets %d..%d not folded; the watermark stays at %d and the"
-                        " offsets will be read back",
-                        partition,
-                        group[0].message.offset,
-                        group[-1].message.offset,
-                        self.progress(partition).offset,
-                    )
+            for partition, items in by_partition.items():
+                await self._fold_logged(partition, items)
         finally:
             self._notify()
 
-    async def _fold_partition(self, partition: int, events: list[Any]) -> None:
+    async def _fold_logged(self, partition: int, items: list[Incoming]) -> bool:
+        """`_fold_partition` under the partition's lock; False (logged) if the batch was not folded."""
+        try:
+            async with self._locks[partition]:
+                await self._fold_partition(partition, items)
+        except Exception:
+            self.failed_batches += 1
+            log.exception(
+                "partition %d: batch at offsets %d..%d not folded; the watermark stays at %d and the"
+                " offsets will be read again",
+                partition,
+                items[0].offset,
+                items[-1].offset,
+                self.progress(partition).offset,
+            )
+            return False
+        return True
+
+    async def follow(self, partitions: frozenset[int]) -> None:
+        """Fold the owned `partitions` as the log grows, read by the worker's own reader (`streams.feed`)
+        from their watermarks, until cancelled (a revoke, a stop); Faust's consumer stops fetching them.
+
+        Faust resumes every events partition when an assignment is complete; they are paused here, after
+        the catch-up (a batch Faust delivered before is folded as ever: what the reader then returns again
+        is at or below the watermark and skipped). A batch that was not folded is read again from the
+        watermark; a reader that fails is started again from there a second later."""
+        owned = sorted(partitions)
+        if not owned:
+            return
+        topic = self.settings.events_topic
+        self.app.consumer.pause_partitions({TP(topic, p) for p in owned})
+        feed = Feed(
+            self.settings.bootstrap_servers,
+            topic,
+            max_records=self.settings.batch_size,
+            client_id=f"{self.app.conf.broker_client_id}-feed",
+        )
+        log.info("partitions %s: folded from the worker's own reader (Faust's consumer paused on them)", owned)
+        try:
+            while True:
+                try:
+                    if not feed.started:
+                        await feed.start({p: self.progress(p).offset + 1 for p in owned})
+                    waiting = time.monotonic()
+                    batches = await feed.next(self.settings.batch_within_s)
+                    if batches and self.first_fold_at is not None:  # the wait for a batch, not idling at the end
+                        self.batch_wait_s += time.monotonic() - waiting
+                except Exception:
+                    log.exception("the reader of partitions %s failed; starting it again in 1 s", owned)
+                    with contextlib.suppress(Exception):
+                        await feed.stop()
+                    await asyncio.sleep(1.0)
+                    continue
+                for partition, items in batches.items():
+                    if not await self._fold_logged(partition, items):
+                        feed.seek(partition, self.progress(partition).offset + 1)
+                if batches:
+                    self._notify()
+        finally:
+            with contextlib.suppress(Exception):
+                await feed.stop()
+
+    async def _fold_partition(self, partition: int, events: list[Incoming]) -> None:
         if partition not in self.assigned:
             raise NotOwnedError(f"partition {partition} is not assigned to this worker (any more)")
         expected = self.progress(partition).offset + 1
-        first = events[0].message.offset
+        first = events[0].offset
         if partition not in self.resumed:
             self.resumed[partition] = {"first_delivered": first, "watermark": expected - 1}
             log.info(
@@ -577,8 +644,7 @@ class Folder:
                 "in step" if first == expected else ("replay" if first < expected else "GAP: reading back"),
             )
         pending: list[Incoming] = []
-        for event in events:
-            message = event.message
+        for message in events:
             if message.offset > expected:
                 if pending:
                     await self._apply(partition, pending)
@@ -591,7 +657,7 @@ class Folder:
                 )
                 await self._read_back(partition, expected, message.offset)
                 expected = self.progress(partition).offset + 1
-            pending.append(Incoming(partition, message.offset, message.key, message.value))
+            pending.append(message)
             expected = max(expected, message.offset + 1)
         if pending:
             await self._apply(partition, pending)
@@ -618,6 +684,7 @@ class Folder:
             raise NotOwnedError(f"partition {partition} is not assigned to this worker (any more)")
         if self.first_fold_at is None:
             self.first_fold_at = time.time()
+            self._first_fold_cpu = time.process_time()
         before = self.progress(partition)
         result = fold_partition(
             self.settings.events_topic, partition, items, before, self.state, verifier=self.verifier
@@ -671,6 +738,7 @@ class Folder:
                 await self._publish(letters)
             await self._send_changelog(partition, records)
             self.last_fold_at = time.time()
+            self.fold_cpu_s = time.process_time() - self._first_fold_cpu
             self.stored[partition] = next_offset
         except Exception as exc:
             self.store_failures += 1
@@ -892,6 +960,7 @@ class Folder:
                 "restore_s": getattr(self.table, "restore_s", None),
                 "first_fold_at": self.first_fold_at,
                 "last_fold_at": self.last_fold_at,
+                "fold_cpu_s": round(self.fold_cpu_s, 3),
             },
         }
 
@@ -1069,6 +1138,7 @@ def create_app(settings: WorkerSettings) -> faust.App:
 
     async def close_backfill(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
         with contextlib.suppress(Exception):  # a graceful stop stores the batches in flight (a kill need not)
+            await asyncio.wait_for(folder.stop_following(), _LOG_END_TIMEOUT_S * 5)
             await asyncio.wait_for(folder.drain(), _LOG_END_TIMEOUT_S * 5)
         for reader in (backfill, changelog, log_ends, restorer):
             await reader.close()
