@@ -337,6 +337,10 @@ class Folder:
         self.redelivered: Counter[int] = Counter()
         self.re_read: Counter[int] = Counter()
         self.read_back: Counter[int] = Counter()
+        #: Since this process started: the messages Faust's stream delivered, and those the worker's own reader
+        #: read (`follow`), per partition.
+        self.delivered: Counter[int] = Counter()
+        self.fed: Counter[int] = Counter()
         self.resumed: dict[int, dict[str, int]] = {}
         #: Each owned partition's stored offset (watermark) as restored, before catching up: where the
         #: last assignment resumed.
@@ -563,6 +567,7 @@ class Folder:
             )
         try:
             for partition, items in by_partition.items():
+                self.delivered[partition] += len(items)
                 await self._fold_logged(partition, items)
         finally:
             self._notify()
@@ -621,6 +626,7 @@ class Folder:
                     await asyncio.sleep(1.0)
                     continue
                 for partition, items in batches.items():
+                    self.fed[partition] += len(items)
                     if not await self._fold_logged(partition, items):
                         feed.seek(partition, self.progress(partition).offset + 1)
                 if batches:
@@ -946,6 +952,8 @@ class Folder:
                 "redelivered": {str(p): self.redelivered[p] for p in partitions},
                 "re_read": {str(p): self.re_read[p] for p in partitions},
                 "read_back": {str(p): self.read_back[p] for p in partitions},
+                "delivered_by_faust": {str(p): self.delivered[p] for p in partitions},
+                "read_by_worker": {str(p): self.fed[p] for p in partitions},
                 "resumed": {str(p): v for p, v in self.resumed.items()},
                 "restored": {str(p): v for p, v in self.restored.items()},
                 "failed_batches": self.failed_batches,

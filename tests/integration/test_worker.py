@@ -309,9 +309,35 @@ class TestRestart:
         for key, run_id in published.last_executed.items():
             assert (await rig.baseline(key))["run_id"] == run_id, key
 
+    async def test_the_worker_reads_its_partitions_itself_once_ready(self, rig: WorkerRig) -> None:
+        """Once an assignment is caught up, Faust's consumer is paused on the events partitions: what is
+        published then is read by the worker's own reader (`streams.feed`), every message once, and folded
+        as Faust's delivery would be; after a restart, the same from the restored watermark."""
+        first = await engine_runs(_plan(runs=120, users=8))
+        second = await engine_runs(_plan(runs=60, users=8, start=120))
+
+        await rig.publish_raw(first.messages)
+        since = (await rig.wait_stored())["since_start"]
+        assert sum(since["delivered_by_faust"].values()) == 0, since
+        assert sum(since["read_by_worker"].values()) == len(first.messages), since
+        _assert_accounted(first, await rig.totals(), len(first.messages))
+
+        assert rig.process.stop() == 0
+        rig.process.start()
+        await rig.process.wait_ready()
+        await rig.publish_raw(second.messages)
+        since = (await rig.wait_stored())["since_start"]
+        assert sum(since["read_by_worker"].values()) == len(second.messages), since
+        assert sum(since["delivered_by_faust"].values()) == 0, since
+        every = _merged(first, second)
+        _assert_accounted(every, await rig.totals(), len(every.messages))
+        for key, run_id in every.last_executed.items():
+            assert (await rig.baseline(key))["run_id"] == run_id, key
+
     async def test_offsets_the_consumer_skips_are_read_back_and_replays_change_nothing(self, rig: WorkerRig) -> None:
         """Faust resumes where its group's commits say. Commit past unfolded offsets (a gap) and then back
-        to 0 (a replay): the fold reads the gap back from the log and skips the replay."""
+        to 0 (a replay): the fold reads the gap back from the log, and whatever Faust replays before the
+        worker's own reader takes over is skipped."""
         first = await engine_runs(_plan(runs=200, users=8))
         skipped = await engine_runs(_plan(runs=200, users=8, start=200))
         woken = await engine_runs(_plan(runs=20, users=8, start=400))
@@ -339,7 +365,13 @@ class TestRestart:
         await rig.process.wait_ready()
         await rig.publish_raw(replayed.messages)
         after_replay = await rig.wait_caught_up()
-        assert sum(after_replay["since_start"]["redelivered"].values()) > 0  # skipped, not folded again
+        # Each partition was first delivered either by Faust from the replayed commit (0), and skipped, or by
+        # the worker's own reader, from its watermark.
+        since = after_replay["since_start"]
+        for p, resumed in since["resumed"].items():
+            if resumed["first_delivered"] == resumed["watermark"] + 1:
+                continue
+            assert resumed["first_delivered"] == 0 and since["redelivered"][p] > 0, since
 
         print(
             f"graceful stop: committed {committed_after_stop} (end offsets then {ends_after_first});"
