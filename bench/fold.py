@@ -375,8 +375,14 @@ async def bench(args: argparse.Namespace) -> None:
             print(
                 f"the worker's writes: {since['stores']:,} batches stored, {since['store_s']:.2f} s from send to"
                 f" acknowledged and committed, of which the fold waited {since['store_wait_s']:.2f} s (the rest"
-                " overlapped the next batch's fold); the agent waited"
-                f" {since['batch_wait_s']:.2f} s for its batches (take_events: the consumer's fetches and window)"
+                " overlapped the next batch's fold); the worker waited"
+                f" {since['batch_wait_s']:.2f} s for its batches (its reader's fetches, or Faust's take_events)"
+            )
+        if "read_by_worker" in since:
+            print(
+                f"messages read by the worker's own reader: {sum(since['read_by_worker'].values()):,}; delivered by"
+                f" Faust's stream before it was paused: {sum(since['delivered_by_faust'].values()):,}"
+                f"; {sum(since['redelivered'].values()):,} read by either after the other had folded them, skipped"
             )
         cpu = sorted(result["cpu"].items(), key=lambda kv: -kv[1])
         worker_cpu = sum(result["cpu"].values())

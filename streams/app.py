@@ -1096,12 +1096,13 @@ def create_app(settings: WorkerSettings) -> faust.App:
         )
 
     async def fold(stream: Any) -> None:
-        waiting = time.monotonic()
+        # Faust delivers the events partitions until the worker's own reader takes them over (`Folder.follow`).
+        waiting: float | None = None
         async for batch in stream.take_events(settings.batch_size, within=settings.batch_within_s):
-            if folder.first_fold_at is not None:  # after the first batch: the agent waited for this one
+            if waiting is not None:  # a wait that began after the first fold: for this batch
                 folder.batch_wait_s += time.monotonic() - waiting
             await folder.fold_batch(batch)
-            waiting = time.monotonic()
+            waiting = time.monotonic() if folder.first_fold_at is not None else None
 
     async def revoked(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
         await folder.on_revoked()
