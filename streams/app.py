@@ -11,7 +11,9 @@ Wiring, and nothing that decides:
   a batch at a time (`Folder._send_changelog`) and restored by the worker's own reader (`FoldTable`);
 * one agent that takes batches with `take_events` and hands each partition's messages to
   `streams.batch.fold_partition` (around `preflight.fold.evolve`), publishes the dead letters, then
-  writes each changed state once and the partition's progress last;
+  writes each changed state once and the partition's progress last -- until the assignment is caught
+  up: from then on the worker's own reader (`streams.feed`, `Folder.follow`) brings the batches, and
+  Faust's consumer is paused on the events partitions;
 * the dead-letter topic, one JSON record per message the fold did not apply;
 * HTTP: ``GET /baseline/{action_key}[?min_offset=N&partition=P&wait=S]``, ``GET /fold/status``,
   ``GET /fold/totals`` (and ``GET /fold/profile`` when profiling).
