@@ -293,7 +293,11 @@ def _result_digest(result: Any, sealer: RunSealer | None = None) -> str:
     try:
         return keyed(as_json(result))
     except (TypeError, ValueError):
+        pass
+    try:
         return keyed(repr(result))
+    except Exception:  # an answer that cannot even be shown is still recorded, by its type
+        return keyed(f"<unreadable {type(result).__name__}>")
 
 
 def rebuild_record(
