@@ -295,6 +295,10 @@ def main(argv: list[str] | None = None) -> int:
             f"    / added after {ns.idle_s:g} s idle, warm gateway ({', '.join(f'{a:.2f}' for a in idled)} ms)"
             f" median {after_idle:.2f} ms: {ratio(first_added, after_idle):.2f}x (limit {LIMIT_FIRST:g}x)"
         )
+        print(
+            f"      (those pairs' direct calls {', '.join(f'{d:.2f}' for d, _ in m.idle)} ms, gateway calls"
+            f" {', '.join(f'{g:.2f}' for _, g in m.idle)} ms; warm p50 {p50[0]:.2f} and {p50[1]:.2f} ms)"
+        )
     parts = m.parts
     own = parts["call"] - parts["upstream"]  # the gateway's own time per call
     # A read answers once its decision's ack is in; its outcome's ack comes after the answer (README): only
