@@ -99,6 +99,7 @@ async def test_the_warm_up_calls_no_tool_publishes_nothing_and_counts_no_call(
         after = await totals(metrics)
         assert after["preflight_gateway_calls_total"] == 1.0
         assert after["preflight_gateway_decisions_total"] == 1.0
+        assert after["preflight_publish_ack_seconds_count"] >= 1.0  # the decision's publish, counted before the call
 
         # The read's outcome is published after its answer: wait for it, with a deadline.
         deadline = time.monotonic() + PHASE_TIMEOUT_S
