@@ -92,3 +92,23 @@ async def test_the_warm_up_compiles_each_output_schema_and_records_nothing() -> 
     assert sink.events == []  # the warm-up's scratch runs went to a scratch sink
     assert gc.get_freeze_count() > 0  # start-up's objects are out of the collector's reach
     gc.unfreeze()
+
+
+async def test_the_warm_up_builds_the_sdks_tools_call_checks_and_never_raises_for_a_bad_schema() -> None:
+    from mcp_types import methods
+    from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
+
+    methods._adapter.cache_clear()
+    odd = Tool(name="odd", input_schema={"type": "object", "properties": {"n": {"type": "no-such-type"}}})
+    sink = MemoryEventSink()
+    try:
+        await warm_up([odd], sink)  # a schema the engine will hold for: nothing to compile, nothing raised
+    finally:
+        gc.unfreeze()
+    built = methods._adapter.cache_info()
+    for version in HANDSHAKE_PROTOCOL_VERSIONS:  # the first call's checks find their adapters built
+        methods.serialize_server_result("tools/call", version, {"content": []})
+        methods.validate_client_request("tools/call", version, {"name": "odd"})
+    after = methods._adapter.cache_info()
+    assert after.misses == built.misses and after.hits > built.hits
+    assert sink.events == []
