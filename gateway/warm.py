@@ -5,9 +5,10 @@ tool's compiled input and output schemas (`preflight.arguments`, `preflight.resu
 hashing and emitting on first use, the SDK's checks of a ``tools/call`` request and its result (one
 compiled adapter per protocol version), and the event sink's first metadata round trip for its topic.
 `warm_up` does all of that before the gateway serves, and nothing else: it calls no upstream tool, asks
-nobody, counts nothing in the gateway's metrics and records nothing (its scratch runs go to an in-memory
-sink; the sink's warm-up reads metadata and publishes nothing). Each stage that fails is logged by name and
-skipped: the first call is then slower, and the gateway serves all the same.
+nobody, counts nothing in the gateway's metrics, opens no span (`preflight.tracing.untraced`) and records
+nothing (its scratch runs go to an in-memory sink; the sink's warm-up reads metadata and publishes
+nothing). Each stage that fails is logged by name and skipped: the first call is then slower, and the
+gateway serves all the same.
 
 What a first call still pays after it is what any call pays after a pause (bench/README.md, "The first
 call, fairly measured").
@@ -34,6 +35,7 @@ from preflight.reads import closed_tool
 from preflight.results import output_check
 from preflight.signing import DecisionSigner
 from preflight.testing import MemoryKeyStore
+from preflight.tracing import untraced
 
 __all__ = ["warm_up"]
 
@@ -63,7 +65,8 @@ async def warm_up(tools: Sequence[Tool], sink: Any = None, *, signer: DecisionSi
     except Exception as exc:
         _failed("the SDK's tools/call checks", exc)
     try:
-        await _engine(signer)
+        with untraced():  # scratch runs: no span of theirs reaches the host's traces
+            await _engine(signer)
     except Exception as exc:
         _failed("the engine", exc)
     # What start-up built lives as long as the process: it is moved out of the collector's reach, so that a
