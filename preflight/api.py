@@ -825,12 +825,14 @@ def _encodable(text: str | None) -> str | None:
 
 def new_id() -> str:
     """A random (version 4) UUID as text, as `str(uuid.uuid4())` writes it, in less than half its time
-    (~2 us against ~5; a run takes eleven: its id, its events', its decision's; bench/README.md, engine)."""
-    raw = bytearray(os.urandom(16))
-    raw[6] = (raw[6] & 0x0F) | 0x40  # version 4
-    raw[8] = (raw[8] & 0x3F) | 0x80  # RFC 4122 variant
-    h = raw.hex()
-    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+    (~0.9 us against ~5; a run takes eleven: its id, its events', its decision's; bench/README.md, engine)."""
+    h = os.urandom(16).hex()
+    # Version 4 (the 13th digit), the RFC 4122 variant (the 17th: its two high bits 10), set on the text.
+    return f"{h[:8]}-{h[8:12]}-4{h[13:16]}-{_VARIANT[h[16]]}{h[17:20]}-{h[20:]}"
+
+
+#: A hex digit with its two high bits set to 10 (the RFC 4122 variant), by the digit.
+_VARIANT = {digit: "89ab"[int(digit, 16) & 3] for digit in "0123456789abcdef"}
 
 
 def create_preflight(
