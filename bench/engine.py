@@ -42,7 +42,7 @@ from preflight import MemoryStorage, PreflightEvent, PreflightInput, chain, crea
 from preflight import scenario as sc
 from preflight.api import new_id, utc_now
 from preflight.chain import GENESIS_HASH, jcs
-from preflight.events import HASH_PLACEHOLDER, encode_event
+from preflight.events import HASH_PLACEHOLDER, published_texts
 
 #: The seed's transfer (`preflight.scenario`), its recipient answered: every run decides `execute`.
 INPUT: dict[str, Any] = sc.transfer(user_answers=sc.READY_ANSWERS)
@@ -62,7 +62,7 @@ class LogSink:
         self.runs = 0
 
     async def publish(self, events: Sequence[PreflightEvent]) -> None:
-        self.published.extend(encode_event(e) for e in events)
+        self.published.extend(published_texts(events))
         self.runs += 1
 
 

@@ -3,6 +3,7 @@ exactly what the standard library's way gives."""
 
 from __future__ import annotations
 
+import os
 import re
 import uuid
 from datetime import UTC, datetime
@@ -11,7 +12,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import preflight.api as api
 from preflight.api import new_id, utc_now
 
 
@@ -44,5 +44,5 @@ def test_new_id_writes_the_uuid_of_its_random_bytes(raw: bytes) -> None:
     """Every 16 random bytes give the text `uuid.UUID(bytes=..., version=4)` gives (the version and variant
     bits set over them), whatever the digits that carry those bits."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(api.os, "urandom", lambda n: raw)
+        patch.setattr(os, "urandom", lambda n: raw)
         assert new_id() == str(uuid.UUID(bytes=raw, version=4))
