@@ -190,6 +190,7 @@ def _parts() -> list[tuple[Any, str, str]]:
     import preflight.engine as engine
     import preflight.events as events
     import preflight.lookup as lookup
+    import preflight.records as records
 
     run = engine._Run
     return [
@@ -209,7 +210,8 @@ def _parts() -> list[tuple[Any, str, str]]:
         (arguments.CallPlan, "leaf_violation", "    the schema check of each leaf (jsonschema-rs, jsonschema)"),
         (arguments.CallPlan, "violations_of", "    the schema check of the whole call (jsonschema-rs, jsonschema)"),
         (api.Preflight, "_emit", "building the events (Preflight._emit)"),
-        (emit, "sealed", "  sealing the 9 events (canonical form, hash, the model assembled)"),
+        (emit, "sealed_text", "  sealing the 9 events (canonical form, hash)"),
+        (emit, "sealed_later", "  what a run keeps of each event (its fields, the shape checked; no model yet)"),
         (events, "event_canonical_json", "    the canonical form (RFC 8785), where sealed in Python"),
         *(
             [(chain, "_native_jcs_sealed", "    canonical form and hash in one compiled pass (native/ jcs_sealed)")]
@@ -218,6 +220,7 @@ def _parts() -> list[tuple[Any, str, str]]:
         ),
         (api.Preflight, "record", "recording (Preflight.record)"),
         (api, "_record_digest", "  the record's digest (as_json + canonical form)"),
+        (records.KeptEvents, "events", "the event models, built when someone asks for them"),
         (api, "utc_now", "the clock, wherever read"),
     ]
 
