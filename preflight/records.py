@@ -582,10 +582,9 @@ class ExecutionRecord(BaseModel):
     @property
     def run_events(self) -> tuple[Any, ...]:
         """The events of this record's run, as the engine that decided it built them (else empty)."""
-        private = private_attrs(self)
-        events: tuple[Any, ...] | KeptEvents = private["_events"]
-        if type(events) is KeptEvents:  # kept as bytes: assembled or read back once, when asked
-            events = private["_events"] = events.events()
+        events: tuple[Any, ...] | KeptEvents = private_attrs(self)["_events"]
+        if type(events) is KeptEvents:  # kept as bytes: assembled or read back once, when asked (and kept)
+            return events.events()
         return events  # type: ignore[return-value]
 
     @property
@@ -605,7 +604,7 @@ class ExecutionRecord(BaseModel):
         events = private["_events"]
         if type(events) is tuple and events:
             private["_events"] = KeptEvents(tuple(encode_event(e) for e in events))
-        elif type(events) is KeptEvents and events.kept is not None:
+        elif type(events) is KeptEvents:
             private["_events"] = KeptEvents(events.texts)  # the bytes only: no fields, no models kept long
         return copy
 

@@ -457,3 +457,25 @@ async def test_an_outcome_extends_the_kept_run_with_its_event() -> None:
     stored_kept = stored.kept_events
     assert isinstance(stored_kept, KeptEvents) and stored_kept.kept is None
     assert stored_kept.texts == kept.texts and stored == outcome.state
+
+
+async def test_a_traced_run_counts_its_events_without_building_them() -> None:
+    """The run's span counts its events from what the run keeps: no model is built for it, and reading the
+    events later builds them once, kept with the bytes publishing takes."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from preflight.tracing import RunSpan
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    state = await sc.engine().run(sc.transfer(user_answers=sc.READY_ANSWERS))
+    with provider.get_tracer("test").start_as_current_span("preflight") as span:
+        RunSpan(span, "bank.transfer").record(state, gap_class=None, gate=None)
+    (finished,) = exporter.get_finished_spans()
+    assert finished.attributes is not None and finished.attributes["preflight.events"] == 9
+    kept = state.kept_events
+    assert isinstance(kept, KeptEvents) and kept._models is None
+    assert state.run_events is state.run_events and state.kept_events is kept and kept._models is not None
