@@ -53,7 +53,7 @@ SKELETON = HERE / ".cache" / "execution-state-preflight.js"
 
 
 class LogSink:
-    """The event log as a broker holds it: each event's published bytes (`encode_event`), in order. Not the
+    """The event log as a broker holds it: each event's published bytes (`published_texts`), in order. Not the
     event objects, as the tests' `MemoryEventSink` keeps them: a process publishing to Kafka keeps none,
     and a heap that grows by every run's 9 event models makes each full collection walk all of them."""
 
