@@ -643,13 +643,17 @@ def encode_message(events: Sequence[Envelope]) -> bytes:
 
 def message_headers(events: Sequence[Envelope]) -> list[tuple[str, bytes]]:
     """Kafka headers: the last event's type, the schema version, the event count and the run id."""
-    last = len(events) - 1
-    event_type = event_member(events, last, "event_type") if last >= 0 else ""
+    if type(events) is KeptEvents:  # read from the fields sealed, no model built
+        last = len(events) - 1
+        event_type, version, run_id = (events.member(last, name) for name in ("event_type", "schema_version", "run_id"))
+    else:
+        event = events[-1]
+        event_type, version, run_id = getattr(event, "event_type", ""), event.schema_version, event.run_id
     return [
         ("event_type", str(event_type).encode()),
-        ("schema_version", str(event_member(events, last, "schema_version")).encode()),
+        ("schema_version", str(version).encode()),
         ("event_count", str(len(events)).encode()),
-        ("run_id", event_member(events, last, "run_id").encode()),
+        ("run_id", run_id.encode()),
     ]
 
 

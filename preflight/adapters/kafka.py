@@ -480,8 +480,7 @@ class KafkaEventSink:
         key = kafka_key(events)
         run_id = event_member(events, 0, "run_id")
         if any(
-            event_member(events, i, "run_id") != run_id
-            or (event_member(events, i, "action_key") or UNKEYED_RECORD_KEY) != key
+            event_member(events, i, "run_id") != run_id or _key_of(event_member(events, i, "action_key")) != key
             for i in range(len(events))
         ):
             raise PublishError("one message carries the events of one run, under one key", retriable=False, key=key)
@@ -583,3 +582,8 @@ def _late_outcome(key: str, topic: str) -> Callable[[asyncio.Future[_Acked | Non
         )
 
     return report
+
+
+def _key_of(action_key: str | None) -> str:
+    """The message key of an event with `action_key` (`preflight.events.Envelope.kafka_key`)."""
+    return action_key if action_key is not None else UNKEYED_RECORD_KEY
