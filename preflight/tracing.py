@@ -62,7 +62,7 @@ class RunSpan:
         span = self._span
         if span is None or not span.is_recording():
             return
-        events = record.run_events
+        events = record.kept_events  # counted, not built (`preflight.records.KeptEvents`)
         run_id = record.run_ref.run_id if record.run_ref is not None else None
         tool = self._tool
         if tool is None and record.fixed is not None:
