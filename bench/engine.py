@@ -42,7 +42,7 @@ from preflight import MemoryStorage, PreflightEvent, PreflightInput, chain, crea
 from preflight import scenario as sc
 from preflight.api import new_id, utc_now
 from preflight.chain import GENESIS_HASH, jcs
-from preflight.events import HASH_PLACEHOLDER, encode_event
+from preflight.events import HASH_PLACEHOLDER, published_texts
 
 #: The seed's transfer (`preflight.scenario`), its recipient answered: every run decides `execute`.
 INPUT: dict[str, Any] = sc.transfer(user_answers=sc.READY_ANSWERS)
@@ -53,7 +53,7 @@ SKELETON = HERE / ".cache" / "execution-state-preflight.js"
 
 
 class LogSink:
-    """The event log as a broker holds it: each event's published bytes (`encode_event`), in order. Not the
+    """The event log as a broker holds it: each event's published bytes (`published_texts`), in order. Not the
     event objects, as the tests' `MemoryEventSink` keeps them: a process publishing to Kafka keeps none,
     and a heap that grows by every run's 9 event models makes each full collection walk all of them."""
 
@@ -62,7 +62,7 @@ class LogSink:
         self.runs = 0
 
     async def publish(self, events: Sequence[PreflightEvent]) -> None:
-        self.published.extend(encode_event(e) for e in events)
+        self.published.extend(published_texts(events))
         self.runs += 1
 
 
@@ -190,6 +190,7 @@ def _parts() -> list[tuple[Any, str, str]]:
     import preflight.engine as engine
     import preflight.events as events
     import preflight.lookup as lookup
+    import preflight.records as records
 
     run = engine._Run
     return [
@@ -209,7 +210,8 @@ def _parts() -> list[tuple[Any, str, str]]:
         (arguments.CallPlan, "leaf_violation", "    the schema check of each leaf (jsonschema-rs, jsonschema)"),
         (arguments.CallPlan, "violations_of", "    the schema check of the whole call (jsonschema-rs, jsonschema)"),
         (api.Preflight, "_emit", "building the events (Preflight._emit)"),
-        (emit, "sealed", "  sealing the 9 events (canonical form, hash, the model assembled)"),
+        (emit, "sealed_text", "  sealing the 9 events (canonical form, hash)"),
+        (emit, "sealed_later", "  what a run keeps of each event (its fields, the shape checked; no model yet)"),
         (events, "event_canonical_json", "    the canonical form (RFC 8785), where sealed in Python"),
         *(
             [(chain, "_native_jcs_sealed", "    canonical form and hash in one compiled pass (native/ jcs_sealed)")]
@@ -218,6 +220,7 @@ def _parts() -> list[tuple[Any, str, str]]:
         ),
         (api.Preflight, "record", "recording (Preflight.record)"),
         (api, "_record_digest", "  the record's digest (as_json + canonical form)"),
+        (records.KeptEvents, "events", "the event models, built when someone asks for them"),
         (api, "utc_now", "the clock, wherever read"),
     ]
 

@@ -9,8 +9,14 @@ gateway, direct, ...) so that the machine's noise falls on both alike. The call 
 (SPEC §2.7), its decision published and acknowledged before the call, its outcome published after the
 answer.
 
-Prints: the **cold start** (each side's first call after its start, the gateway's after its warm-up, split into
-the same parts as below); the
+Prints: the **first call after a start**, each side's, for `--starts` fresh starts (default 3) of both the
+upstream called directly and the gateway (with its own fresh upstream; the gateway's after its warm-up),
+after the client process has made one call of its own (its first session's one-time imports then fall on
+neither side), on a deployment whose user has run before (the user's sealing key exists). The first
+call's **added** time is the gateway's first call less the direct first call of the same start, like with
+like: each side's upstream is as fresh as the other's. Its median over the starts is printed against the
+warm added p50 and against the added time of `--idle-pairs` pairs (default 3) made on the warmed gateway
+after `--idle-s` seconds (default 2) of idleness, both as ratios against a limit of 1.5x. Then the
 warm p50/p99 of each side and the **added** p50/p99 per call pair against the limits (3 ms and 8 ms on a
 quiet machine), as ratios; and the **share of each part** of the mean added time, from the gateway's own
 metrics over the measured calls: the broker's acknowledgements a call waits for (``preflight_publish_ack_seconds``:
@@ -47,11 +53,15 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from infra.brokers import create_topics
 from infra.embedded import EmbeddedBroker
+from preflight_audit.keys import key_store
 
 BIN = Path(sys.executable).parent
 ARGS = {"timezone": "Asia/Seoul"}
 #: The limits of the added latency on a quiet machine: p50, p99 in milliseconds.
 LIMIT_P50_MS, LIMIT_P99_MS = 3.0, 8.0
+#: The limit of the first call's added time after a start, as a multiple of a warm call's added p50 (each
+#: against a direct call to an upstream as fresh as the gateway's: its own first call, or a warm one).
+LIMIT_FIRST = 1.5
 #: The metric sums (seconds) and counts read from the gateway before and after the measured calls.
 SUMS = {
     "ack": "preflight_publish_ack_seconds",
@@ -68,13 +78,27 @@ CPU = "process_cpu_seconds_total"
 
 
 @dataclass
+class First:
+    """One start's first calls, ms: directly to a fresh upstream, and through a fresh gateway (in front of
+    its own fresh upstream); `parts`: the gateway's first call by its own metrics (ack, call, upstream)."""
+
+    direct: float
+    gateway: float
+    parts: dict[str, float]
+
+    @property
+    def added(self) -> float:
+        return self.gateway - self.direct
+
+
+@dataclass
 class Measured:
-    cold: tuple[float, float]
-    cold_parts: dict[str, float]  # the gateway's first call, ms: ack, call, upstream (its own metrics)
+    firsts: list[First]  # each start's first calls, the last start's sessions then measured warm
     plain: list[float]
     through: list[float]
     parts: dict[str, float]  # ms per gated call: ack, call, upstream, the process's cpu; and publishes per call
     relayed: list[float]  # with --floor: each call through a bare byte relay (else empty)
+    idle: list[tuple[float, float]]  # each (direct, gateway) pair made after both sides sat idle
 
 
 def free_port() -> int:
@@ -96,6 +120,10 @@ def totals(text: str) -> dict[str, float]:
 async def scrape(url: str) -> dict[str, float]:
     async with httpx.AsyncClient() as http:
         return totals((await http.get(url, timeout=30)).text)
+
+
+def ratio(value: float, peer: float) -> float:
+    return value / peer if peer > 0 else float("inf")
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -126,7 +154,26 @@ async def relayed_session(
     return session
 
 
-async def measure(calls: int, warmup: int, broker: str, work: Path, floor: bool = False) -> Measured:
+async def session_of(stack: contextlib.AsyncExitStack, params: StdioServerParameters, errlog: TextIO) -> ClientSession:
+    """A session with a freshly started server, initialised and its tools listed, as a client does before its
+    first call (the SDK's session otherwise lists them inside the first call, counted as the server's)."""
+    read, write = await stack.enter_async_context(stdio_client(params, errlog=errlog))
+    session = await stack.enter_async_context(ClientSession(read, write))
+    await session.initialize()
+    await session.list_tools()
+    return session
+
+
+async def measure(
+    calls: int,
+    warmup: int,
+    broker: str,
+    work: Path,
+    floor: bool = False,
+    starts: int = 1,
+    idle_pairs: int = 0,
+    idle_s: float = 1.0,
+) -> Measured:
     settings = work / "gateway.toml"
     settings.write_text(
         f'[gateway]\nuser = "bench"\n[servers.time]\ncommand = "{BIN / "mcp-server-time"}"\n'
@@ -139,56 +186,66 @@ async def measure(calls: int, warmup: int, broker: str, work: Path, floor: bool 
         "PREFLIGHT_KEY_DIR": str(work / "keys"),
         "PREFLIGHT_WEB_PORT": "9",
     }
-    ops = free_port()
-    metrics = f"http://127.0.0.1:{ops}/metrics"
+    # A deployment its user has used before: the user's sealing key exists (created once per user, on the
+    # user's first run ever, not at each start of a gateway).
+    key_store(work / "keys").key_for("bench").wipe()
     direct = StdioServerParameters(command=str(BIN / "mcp-server-time"), args=["--local-timezone", "Etc/UTC"])
-    gated = StdioServerParameters(
-        command=str(BIN / "preflight-audit"),
-        args=["gateway", "--config", str(settings), "--ops-port", str(ops)],
-        env=env,
-        cwd=str(work),
-    )
+
+    def gated(ops: int) -> StdioServerParameters:
+        return StdioServerParameters(
+            command=str(BIN / "preflight-audit"),
+            args=["gateway", "--config", str(settings), "--ops-port", str(ops)],
+            env=env,
+            cwd=str(work),
+        )
+
     errlog = (work / "servers.log").open("w")
     relayed: list[float] = []
+    firsts: list[First] = []
+    idle: list[tuple[float, float]] = []
     with errlog:
-        async with (
-            stdio_client(direct, errlog=errlog) as (dr, dw),
-            ClientSession(dr, dw) as d,
-            stdio_client(gated, errlog=errlog) as (gr, gw),
-            ClientSession(gr, gw) as g,
-            contextlib.AsyncExitStack() as stack,
-        ):
-            await d.initialize()
-            await g.initialize()
-            # As a client does before calling (and the SDK's session does on its first call otherwise): the
-            # listing, not the gateway's first call, then carries the client's own first look at the tools.
-            await d.list_tools()
-            await g.list_tools()
-            direct_first = await timed(d)
-            started = await scrape(metrics)
-            cold = (direct_first, await timed(g))  # each side's first call after its start
-            first = await scrape(metrics)
-            r = await relayed_session(stack, direct, errlog) if floor else None
-            for _ in range(warmup):
-                await timed(d)
-                await timed(g)
-                if r is not None:
-                    await timed(r)
-            before = await scrape(metrics)
-            plain: list[float] = []
-            through: list[float] = []
-            for _ in range(calls):
-                plain.append(await timed(d))
-                through.append(await timed(g))
-                if r is not None:
-                    relayed.append(await timed(r))
-            after = await scrape(metrics)
+        # The client process's own one-time work (its first session's imports: the SDK checks a result
+        # against the tool's output schema, importing `jsonschema` on its first call), done before either
+        # side's first call, so that neither side's first call carries it.
+        async with contextlib.AsyncExitStack() as primer:
+            await timed(await session_of(primer, direct, errlog))
+        for start in range(starts):
+            ops = free_port()
+            metrics = f"http://127.0.0.1:{ops}/metrics"
+            async with contextlib.AsyncExitStack() as stack:
+                d = await session_of(stack, direct, errlog)
+                g = await session_of(stack, gated(ops), errlog)
+                started = await scrape(metrics)
+                direct_first = await timed(d)  # each side's first call after its start
+                gateway_first = await timed(g)
+                first = await scrape(metrics)
+                parts = {k: 1000.0 * (first[m + "_sum"] - started.get(m + "_sum", 0.0)) for k, m in SUMS.items()}
+                firsts.append(First(direct_first, gateway_first, parts))
+                if start < starts - 1:
+                    continue
+                r = await relayed_session(stack, direct, errlog) if floor else None
+                for _ in range(warmup):
+                    await timed(d)
+                    await timed(g)
+                    if r is not None:
+                        await timed(r)
+                before = await scrape(metrics)
+                plain: list[float] = []
+                through: list[float] = []
+                for _ in range(calls):
+                    plain.append(await timed(d))
+                    through.append(await timed(g))
+                    if r is not None:
+                        relayed.append(await timed(r))
+                after = await scrape(metrics)
+                for _ in range(idle_pairs):  # the same pair after the machine let both sides sit idle
+                    await asyncio.sleep(idle_s)
+                    idle.append((await timed(d), await timed(g)))
     made = after[SUMS["call"] + "_count"] - before[SUMS["call"] + "_count"]
     parts = {k: 1000.0 * (after[m + "_sum"] - before[m + "_sum"]) / made for k, m in SUMS.items()}
     parts["publishes"] = (after[SUMS["ack"] + "_count"] - before[SUMS["ack"] + "_count"]) / made
     parts["cpu"] = 1000.0 * (after[CPU] - before[CPU]) / made
-    cold_parts = {k: 1000.0 * (first[m + "_sum"] - started.get(m + "_sum", 0.0)) for k, m in SUMS.items()}
-    return Measured(cold, cold_parts, plain, through, parts, relayed)
+    return Measured(firsts, plain, through, parts, relayed, idle)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -196,24 +253,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=300)
     parser.add_argument("--warmup", type=int, default=30)
     parser.add_argument("--floor", action="store_true", help="also time calls through a bare byte relay")
+    parser.add_argument("--starts", type=int, default=3, help="fresh starts whose first calls are timed")
+    parser.add_argument("--idle-pairs", type=int, default=3, help="pairs timed after an idle pause, at the end")
+    parser.add_argument("--idle-s", type=float, default=2.0, help="the idle pause before each of those pairs")
     ns = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp, EmbeddedBroker() as broker:
         asyncio.run(create_topics(broker.bootstrap_servers, ["preflight.events"], 2))
-        m = asyncio.run(measure(ns.calls, ns.warmup, broker.bootstrap_servers, Path(tmp), ns.floor))
+        m = asyncio.run(
+            measure(
+                ns.calls, ns.warmup, broker.bootstrap_servers, Path(tmp), ns.floor, ns.starts, ns.idle_pairs, ns.idle_s
+            )
+        )
     plain, through = m.plain, m.through
     p50 = (percentile(plain, 0.5), percentile(through, 0.5))
     p99 = (percentile(plain, 0.99), percentile(through, 0.99))
     added = [t - p for p, t in zip(plain, through, strict=True)]
     add50, add99, mean = percentile(added, 0.5), percentile(added, 0.99), statistics.fmean(added)
     print(f"gateway bench: {ns.calls} read-only calls each way, alternating (after {ns.warmup} warm-up pairs)")
-    print(f"  cold start (first call)   direct {m.cold[0]:7.2f} ms   gateway {m.cold[1]:7.2f} ms")
-    print(f"    gateway's first call / its warm p50: {m.cold[1] / p50[1]:.2f}x")
-    c = m.cold_parts
-    print(
-        f"    of its first call: upstream {c['upstream']:.2f} ms, broker acks {c['ack']:.2f} ms,"
-        f" engine and gateway code {c['call'] - c['upstream'] - c['ack']:.2f} ms,"
-        f" MCP hops {m.cold[1] - c['call']:.2f} ms"
-    )
+    print(f"  first call after a start ({len(m.firsts)} starts; the gateway's after its warm-up):")
+    for i, f in enumerate(m.firsts, 1):
+        c = f.parts
+        print(
+            f"    start {i}: direct {f.direct:6.2f} ms, gateway {f.gateway:6.2f} ms, added {f.added:6.2f} ms"
+            f"  (in the gateway {c['call']:.2f} ms, of which upstream {c['upstream']:.2f} ms)"
+        )
     print(f"  direct to the upstream    p50 {p50[0]:7.2f} ms   p99 {p99[0]:7.2f} ms")
     print(f"  through the gateway       p50 {p50[1]:7.2f} ms   p99 {p99[1]:7.2f} ms")
     print(f"  ratio of medians (gateway / direct): {p50[1] / p50[0]:.2f}x")
@@ -222,6 +285,20 @@ def main(argv: list[str] | None = None) -> int:
         f"    against the limits: p50 {add50 / LIMIT_P50_MS:.2f}x of {LIMIT_P50_MS:g} ms,"
         f" p99 {add99 / LIMIT_P99_MS:.2f}x of {LIMIT_P99_MS:g} ms (limits set for a quiet machine)"
     )
+    first_added = statistics.median(f.added for f in m.firsts)
+    print(f"  first call's added (median of the starts) {first_added:.2f} ms")
+    print(f"    / warm added p50 {add50:.2f} ms: {ratio(first_added, add50):.2f}x (limit {LIMIT_FIRST:g}x)")
+    if m.idle:
+        idled = [g - d for d, g in m.idle]
+        after_idle = statistics.median(idled)
+        print(
+            f"    / added after {ns.idle_s:g} s idle, warm gateway ({', '.join(f'{a:.2f}' for a in idled)} ms)"
+            f" median {after_idle:.2f} ms: {ratio(first_added, after_idle):.2f}x (limit {LIMIT_FIRST:g}x)"
+        )
+        print(
+            f"      (those pairs' direct calls {', '.join(f'{d:.2f}' for d, _ in m.idle)} ms, gateway calls"
+            f" {', '.join(f'{g:.2f}' for _, g in m.idle)} ms; warm p50 {p50[0]:.2f} and {p50[1]:.2f} ms)"
+        )
     parts = m.parts
     own = parts["call"] - parts["upstream"]  # the gateway's own time per call
     # A read answers once its decision's ack is in; its outcome's ack comes after the answer (README): only

@@ -36,11 +36,12 @@ from preflight.events import (
     ToolMatchDecided,
     digest,
     seal,
-    sealed,
+    sealed_later,
+    sealed_text,
     verify_run,
 )
 from preflight.protect import RunSealer, ValueProtector, open_record
-from preflight.records import ExecutionRecord, RunRef, ValueGate
+from preflight.records import ExecutionRecord, KeptEvents, RunRef, ValueGate
 from preflight.results import as_json, structured_content
 
 Sign = Callable[[Mapping[str, str | None]], Mapping[str, Any]]
@@ -60,12 +61,13 @@ class _Chain:
         self.envelope = envelope
         self.clock = clock
         self.new_id = new_id
-        self.events: list[PreflightEvent] = []
+        self.texts: list[bytes] = []
+        self.kept: list[Any] = []
         self.prev = GENESIS_HASH
         self.seq = 0
         self.sealer: RunSealer | None = None
 
-    def add(self, event_type: str, **payload: Any) -> PreflightEvent:
+    def add(self, event_type: str, **payload: Any) -> None:
         if self.sealer is not None:  # a protected run: values sealed before the event is hashed
             payload = self.sealer.payload(event_type, payload)
         fields = {
@@ -80,11 +82,11 @@ class _Chain:
             **payload,
             "hash": HASH_PLACEHOLDER,
         }
-        event = sealed(fields, built=True)  # `seal` of the body, without its copy
-        self.events.append(event)
-        self.prev = event.hash
+        text = sealed_text(fields)  # `seal` of the body, without its copy; its model built when asked for
+        self.texts.append(text)
+        self.kept.append(sealed_later(fields, text))
+        self.prev = fields["hash"]
         self.seq += 1
-        return event
 
 
 def run_events(
@@ -97,8 +99,9 @@ def run_events(
     new_id: Callable[[], str],
     sign: Sign | None = None,
     sealer: RunSealer | None = None,
-) -> tuple[list[PreflightEvent], RunRef]:
-    """The run's events in order, closed by `run_closed`, and the reference the record carries.
+) -> tuple[KeptEvents, RunRef]:
+    """The run's events in order, closed by `run_closed`, and the reference the record carries. The events
+    are their published bytes and what was sealed of them, their models built when asked for (`KeptEvents`).
 
     With `sign`, an `execute` decision's `execution_approved` event carries the signature `sign`
     returns for the decision's fields (`preflight.signing`); a signer that fails fails the run.
@@ -188,7 +191,7 @@ def run_events(
         decision_id=decision_id,
         arguments_digest=arguments_digest,
     )
-    return chain.events, ref
+    return KeptEvents(tuple(chain.texts), tuple(chain.kept)), ref
 
 
 def outcome_event(
@@ -293,7 +296,11 @@ def _result_digest(result: Any, sealer: RunSealer | None = None) -> str:
     try:
         return keyed(as_json(result))
     except (TypeError, ValueError):
+        pass
+    try:
         return keyed(repr(result))
+    except Exception:  # an answer that cannot even be shown is still recorded, by its type
+        return keyed(f"<unreadable {type(result).__name__}>")
 
 
 def rebuild_record(

@@ -29,7 +29,7 @@ from preflight.chain import event_canonical_json as event_canonical_json
 from preflight.chain import hash_matches as hash_matches
 from preflight.chain import verify_run as verify_run
 from preflight.errors import EventDecodeError
-from preflight.records import UNKEYED_RECORD_KEY, private_attrs
+from preflight.records import UNKEYED_RECORD_KEY, KeptEvents, event_member, private_attrs
 
 EVENT_SCHEMA_VERSION = 3
 """3: the chain hash is taken over the event's RFC 8785 (JCS) bytes (`preflight.chain`), which a verifier in
@@ -416,19 +416,12 @@ _set = object.__setattr__
 _SHA256 = hashlib.sha256
 
 
-def _assembled(fields: dict[str, Any], canonical: bytes) -> PreflightEvent | None:
-    """The event model of `fields` built without validating its values (None: not its model's members),
-    keeping `canonical` (its published bytes).
+def _shape(fields: dict[str, Any]) -> tuple[type[Envelope], set[str]] | None:
+    """The model of the engine's own `fields` and the set of members given (None: not its model's members).
 
-    For the engine's own bodies (`seal(..., built=True)`): the decision path builds every payload from
-    values validated at the edge, in its model's JSON types, and a test holds every payload it builds, down
-    every path, to strict validation by the model (`tests/unit/test_hot_path.py`). What is checked here is
-    only what costs nothing: the members are exactly the model's (none unknown, none required missing) and
-    a signature, the one nested model, is validated. A model's validation costs ~25 us an event, its
-    assembly ~2 (bench/README.md, engine)."""
-    # The shape -- model and members given, in order -- is checked once and its verdict kept with the set of
-    # members given (one per shape: a frozen model never changes it, and a copy copies it), so a run's events
-    # keep no set each and give the collector fewer objects to walk.
+    The shape -- model and members given, in order -- is checked once and its verdict kept with the set of
+    members given (one per shape: a frozen model never changes it, and a copy copies it), so a run's events
+    keep no set each and give the collector fewer objects to walk."""
     shape = (fields.get("event_type"), *fields)
     known = _SHAPES.get(shape)
     if known is None:
@@ -442,6 +435,22 @@ def _assembled(fields: dict[str, Any], canonical: bytes) -> PreflightEvent | Non
         known = (model, set(keys))
         if len(_SHAPES) < _SHAPES_LIMIT:
             _SHAPES[shape] = known
+    return known
+
+
+def _assembled(fields: dict[str, Any], canonical: bytes) -> PreflightEvent | None:
+    """The event model of `fields` built without validating its values (None: not its model's members),
+    keeping `canonical` (its published bytes).
+
+    For the engine's own bodies (`seal(..., built=True)`): the decision path builds every payload from
+    values validated at the edge, in its model's JSON types, and a test holds every payload it builds, down
+    every path, to strict validation by the model (`tests/unit/test_hot_path.py`). What is checked here is
+    only what costs nothing: the members are exactly the model's (none unknown, none required missing,
+    `_shape`) and a signature, the one nested model, is validated. A model's validation costs ~25 us an
+    event, its assembly ~2 (bench/README.md, engine)."""
+    known = _shape(fields)
+    if known is None:
+        return None
     model, fields_set = known
     if model is ExecutionApproved and isinstance(fields.get("signature"), Mapping):
         fields = {**fields, "signature": DecisionSignature.model_validate(fields["signature"])}
@@ -453,6 +462,27 @@ def _assembled(fields: dict[str, Any], canonical: bytes) -> PreflightEvent | Non
     _set(event, "__pydantic_extra__", None)
     _set(event, "__pydantic_private__", {"_canonical": canonical})
     return event  # type: ignore[return-value]
+
+
+def sealed_later(fields: dict[str, Any], canonical: bytes) -> dict[str, Any] | PreflightEvent:
+    """What a run keeps of an event the engine sealed (`sealed_text`) until someone asks for its model:
+    `fields` itself when they are exactly their model's members (`_shape`) and hold no signature (its model
+    is then assembled on demand, `assembled_event`), else the event's model, built now (validated: a body
+    that is not its model's raises here, as `sealed` does)."""
+    known = _shape(fields)
+    if known is not None and not (known[0] is ExecutionApproved and fields.get("signature") is not None):
+        return fields
+    return _built(fields, canonical, True)
+
+
+def assembled_event(kept: dict[str, Any] | PreflightEvent, canonical: bytes) -> PreflightEvent:
+    """The event model of what `sealed_later` kept, written as `canonical`."""
+    if not isinstance(kept, dict):
+        return kept
+    event = _assembled(kept, canonical)
+    if event is None:  # pragma: no cover - `sealed_later` keeps only fields of a known shape
+        raise ValueError("kept fields that are not their model's members")
+    return event
 
 
 def seal(body: dict[str, Any], *, built: bool = False) -> PreflightEvent:
@@ -473,6 +503,11 @@ def sealed(fields: dict[str, Any], *, built: bool = False) -> PreflightEvent:
     """`seal` of a body already holding its `schema_version` and `HASH_PLACEHOLDER` as its `hash`: `fields`
     is the sealer's own from then on (its hash is set in it and it may become the event's). The engine's
     chain builds each event's fields so, and saves a copy (`preflight.emit`)."""
+    return _built(fields, sealed_text(fields), built)
+
+
+def sealed_text(fields: dict[str, Any]) -> bytes:
+    """The published bytes of the event of `fields` (as `sealed` takes them), its chain hash set in `fields`."""
     native = chain._native_jcs_sealed
     prev = fields["prev_hash"]
     version = fields["schema_version"]
@@ -481,7 +516,7 @@ def sealed(fields: dict[str, Any], *, built: bool = False) -> PreflightEvent:
         answer = native(fields, prev)
         if answer is not None:
             fields["hash"], canonical = answer
-            return _built(fields, canonical, built)
+            return canonical
     full = event_canonical_json(fields)
     at = full.find(_HASH_MEMBER)
     if at < 0:  # pragma: no cover - every event has members sorting after "hash"
@@ -493,8 +528,7 @@ def sealed(fields: dict[str, Any], *, built: bool = False) -> PreflightEvent:
     h.update(text[at + _HASH_MEMBER_LENGTH :])
     fields["hash"] = hash_ = h.hexdigest()
     # The hash is written where its placeholder stood (both 64 hex digits; the placeholder is found once).
-    canonical = b"".join((text[: at + _HASH_VALUE_AT], hash_.encode(), text[at + _HASH_VALUE_AT + 64 :]))
-    return _built(fields, canonical, built)
+    return b"".join((text[: at + _HASH_VALUE_AT], hash_.encode(), text[at + _HASH_VALUE_AT + 64 :]))
 
 
 def _built(fields: dict[str, Any], canonical: bytes, built: bool) -> PreflightEvent:
@@ -579,7 +613,18 @@ def verify_event_hash(event: Envelope) -> bool:
 
 
 def kafka_key(events: Sequence[Envelope]) -> str:
-    return events[0].kafka_key if events else UNKEYED_RECORD_KEY
+    if not events:
+        return UNKEYED_RECORD_KEY
+    key: str | None = event_member(events, 0, "action_key")
+    return key if key is not None else UNKEYED_RECORD_KEY
+
+
+def published_texts(events: Sequence[Envelope]) -> Sequence[bytes]:
+    """Each event's published bytes (`encode_event`), in order; a run the engine sealed (`KeptEvents`) gives
+    the bytes it holds, without building its models."""
+    if type(events) is KeptEvents:
+        return events.texts
+    return [encode_event(e) for e in events]
 
 
 # ---- transport: one message per run --------------------------------------------------------------
@@ -593,17 +638,22 @@ def encode_message(events: Sequence[Envelope]) -> bytes:
     """The message value for `events` (one run, or one tail event): a JSON array."""
     if not events:
         raise ValueError("a message carries at least one event")
-    return b"[" + b",".join(encode_event(e) for e in events) + b"]"
+    return b"[" + b",".join(published_texts(events)) + b"]"
 
 
 def message_headers(events: Sequence[Envelope]) -> list[tuple[str, bytes]]:
     """Kafka headers: the last event's type, the schema version, the event count and the run id."""
-    last = events[-1]
+    if type(events) is KeptEvents:  # read from the fields sealed, no model built
+        last = len(events) - 1
+        event_type, version, run_id = (events.member(last, name) for name in ("event_type", "schema_version", "run_id"))
+    else:
+        event = events[-1]
+        event_type, version, run_id = getattr(event, "event_type", ""), event.schema_version, event.run_id
     return [
-        ("event_type", str(getattr(last, "event_type", "")).encode()),
-        ("schema_version", str(last.schema_version).encode()),
+        ("event_type", str(event_type).encode()),
+        ("schema_version", str(version).encode()),
         ("event_count", str(len(events)).encode()),
-        ("run_id", last.run_id.encode()),
+        ("run_id", run_id.encode()),
     ]
 
 

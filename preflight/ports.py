@@ -32,7 +32,11 @@ class Storage(Protocol):
 @runtime_checkable
 class EventSink(Protocol):
     """Where a run's events go. `publish` returns only once every event is durable, in order;
-    if it cannot guarantee that it must raise, and the caller treats the run as not recorded."""
+    if it cannot guarantee that it must raise, and the caller treats the run as not recorded.
+
+    The engine hands over a run it sealed as `preflight.records.KeptEvents`: a sequence whose models are
+    built when read; a sink that writes bytes takes them with `preflight.events.published_texts` (and the
+    envelope with `preflight.records.event_member`) without building any."""
 
     async def publish(self, events: Sequence[PreflightEvent]) -> None: ...
 

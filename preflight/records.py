@@ -7,7 +7,8 @@ null carries meaning (`fields: null` is "not computed", never `[]`) are always p
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, get_args
+from collections.abc import Sequence
+from typing import Annotated, Any, Literal, get_args, overload
 
 import orjson
 from pydantic import (
@@ -405,17 +406,26 @@ class RunRef(BaseModel):
     arguments_digest: str | None = None
 
 
-class KeptEvents:
-    """A run's events kept as their published bytes (`preflight.events.encode_event`), in order: what a record
-    kept for long holds instead of its 9 event models (`ExecutionRecord.with_events_kept`), so a store of
+class KeptEvents(Sequence[Any]):
+    """A run's events kept as their published bytes (`preflight.events.encode_event`), in order, their models
+    built when someone asks for them.
+
+    Two uses. A record kept for long (`ExecutionRecord.with_events_kept`) holds only the bytes, so a store of
     records in memory (`preflight.testing.MemoryStorage`) leaves the garbage collector no event models to
-    walk -- ~50 us of collection a decision in the engine bench (bench/README.md, engine). The record's
-    `run_events` reads them back (`decode_event`, strict) when asked. Equal to the events written to them."""
+    walk (~50 us of collection a decision in the engine bench, bench/README.md, engine); its events are read
+    back (`decode_event`, strict) when asked. A run the engine has just sealed (`preflight.emit.run_events`)
+    also holds what it sealed (`kept`: each event's fields, or its model, `preflight.events.sealed_later`):
+    publishing takes the bytes (`preflight.events.published_texts`) and reads the envelope from the fields
+    (`member`), and a model is assembled from its fields only when asked for (~2.5 us an event).
 
-    __slots__ = ("texts",)
+    A sequence of the events (each built once, when first read); equal to the events written to it."""
 
-    def __init__(self, texts: tuple[bytes, ...]) -> None:
+    __slots__ = ("_models", "kept", "texts")
+
+    def __init__(self, texts: tuple[bytes, ...], kept: tuple[Any, ...] | None = None) -> None:
         self.texts = texts
+        self.kept = kept
+        self._models: tuple[Any, ...] | None = None
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, KeptEvents):
@@ -430,16 +440,61 @@ class KeptEvents:
 
     __hash__ = None  # type: ignore[assignment]
 
-    def events(self) -> tuple[Any, ...]:
-        """The events read back from their bytes, each keeping them as its published bytes."""
-        from preflight.events import decode_event
+    def __len__(self) -> int:
+        return len(self.texts)
 
-        events = []
-        for text in self.texts:
-            event = decode_event(text)
-            private_attrs(event)["_canonical"] = text
-            events.append(event)
-        return tuple(events)
+    @overload
+    def __getitem__(self, index: int) -> Any: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> tuple[Any, ...]: ...
+
+    def __getitem__(self, index: int | slice) -> Any:
+        return self.events()[index]
+
+    def events(self) -> tuple[Any, ...]:
+        """The events: assembled from what was kept of them, else read back from their bytes, each keeping them
+        as its published bytes."""
+        models = self._models
+        if models is not None:
+            return models
+        from preflight.events import assembled_event, decode_event
+
+        kept = self.kept
+        if kept is not None:
+            models = tuple(assembled_event(k, text) for k, text in zip(kept, self.texts, strict=True))
+        else:
+            built = []
+            for text in self.texts:
+                event = decode_event(text)
+                private_attrs(event)["_canonical"] = text
+                built.append(event)
+            models = tuple(built)
+        self._models = models
+        return models
+
+    def member(self, index: int, name: str) -> Any:
+        """Event `index`'s member `name` (an envelope member: `run_id`, `user_id`, `action_key`...), read from
+        what was kept of it when it was sealed, without building its model."""
+        kept = self.kept
+        if kept is not None and self._models is None:
+            one = kept[index]
+            return one[name] if isinstance(one, dict) else getattr(one, name)
+        return getattr(self.events()[index], name)
+
+    def then(self, event: Any) -> KeptEvents:
+        """These events and `event` after them (an outcome extending the run's chain)."""
+        from preflight.events import encode_event
+
+        before: tuple[Any, ...] = self._models if self._models is not None else (self.kept or self.events())
+        return KeptEvents((*self.texts, encode_event(event)), (*before, event))
+
+
+def event_member(events: Sequence[Any], index: int, name: str) -> Any:
+    """Member `name` of `events[index]`, without building a kept event's model (`KeptEvents.member`)."""
+    if type(events) is KeptEvents:
+        return events.member(index, name)
+    return getattr(events[index], name)
 
 
 class ExecutionRecord(BaseModel):
@@ -515,7 +570,7 @@ class ExecutionRecord(BaseModel):
         ref: RunRef | None = private_attrs(self)["_run"]
         return ref
 
-    def with_run_ref(self, ref: RunRef | None, events: tuple[Any, ...] | None = None) -> ExecutionRecord:
+    def with_run_ref(self, ref: RunRef | None, events: tuple[Any, ...] | KeptEvents | None = None) -> ExecutionRecord:
         """A copy of this record that carries `ref` (and the run's events, when given)."""
         copy = self.model_copy()
         private = private_attrs(copy)
@@ -527,11 +582,17 @@ class ExecutionRecord(BaseModel):
     @property
     def run_events(self) -> tuple[Any, ...]:
         """The events of this record's run, as the engine that decided it built them (else empty)."""
-        private = private_attrs(self)
-        events: tuple[Any, ...] | KeptEvents = private["_events"]
-        if type(events) is KeptEvents:  # kept as bytes (`with_events_kept`): read back once, when asked
-            events = private["_events"] = events.events()
+        events: tuple[Any, ...] | KeptEvents = private_attrs(self)["_events"]
+        if type(events) is KeptEvents:  # kept as bytes: assembled or read back once, when asked (and kept)
+            return events.events()
         return events  # type: ignore[return-value]
+
+    @property
+    def kept_events(self) -> Sequence[Any]:
+        """The events of this record's run as it holds them: `KeptEvents` (models built when read) or the
+        models. What `Preflight.record` publishes, read without building a model (`event_member`)."""
+        events: Sequence[Any] = private_attrs(self)["_events"]
+        return events
 
     def with_events_kept(self) -> ExecutionRecord:
         """A copy of this record, equal to it, that keeps its run's events as their published bytes
@@ -543,6 +604,8 @@ class ExecutionRecord(BaseModel):
         events = private["_events"]
         if type(events) is tuple and events:
             private["_events"] = KeptEvents(tuple(encode_event(e) for e in events))
+        elif type(events) is KeptEvents:
+            private["_events"] = KeptEvents(events.texts)  # the bytes only: no fields, no models kept long
         return copy
 
     @property

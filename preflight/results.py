@@ -33,13 +33,14 @@ class ToolError(PreflightError):
 
 
 def as_json(result: Any) -> Any:
-    """A result as JSON: an SDK model by its wire names, anything else as it is."""
-    dump = getattr(result, "model_dump", None)
-    if callable(dump):
-        try:
+    """A result as JSON: an SDK model by its wire names, anything else (or a model whose dump fails, for
+    whatever reason) as it is. The tool has been called by then: reading its answer must not raise."""
+    try:
+        dump = getattr(result, "model_dump", None)
+        if callable(dump):
             return dump(mode="json", by_alias=True, exclude_none=True)
-        except (TypeError, ValueError):
-            return result
+    except Exception:
+        return result
     return result
 
 
@@ -49,17 +50,27 @@ def _member(result: Any, name: str) -> Any:
     return getattr(result, name, None)
 
 
+def _unreadable(result: Any, exc: Exception) -> ToolError:
+    return ToolError(f"the tool's answer could not be read ({type(result).__name__}: {type(exc).__name__}: {exc})")
+
+
 def tool_error(result: Any) -> ToolError | None:
     """The failure an MCP error result reports (None for any other result). An SDK object is read by its
-    wire names (the SDK's `CallToolResult` keeps ``isError`` as its attribute ``is_error``)."""
-    result = as_json(result)
-    if _member(result, "isError") is not True:
-        return None
-    texts = []
-    for item in _member(result, "content") or ():
-        text = _member(item, "text")
-        if _member(item, "type") == "text" and isinstance(text, str):
-            texts.append(text)
+    wire names (the SDK's `CallToolResult` keeps ``isError`` as its attribute ``is_error``).
+
+    An answer that cannot be read (a member that raises when asked for) is a failure too, named: whether
+    the tool reported an error is then unknown, and `failed` is never a baseline and never retried."""
+    try:
+        result = as_json(result)
+        if _member(result, "isError") is not True:
+            return None
+        texts = []
+        for item in _member(result, "content") or ():
+            text = _member(item, "text")
+            if _member(item, "type") == "text" and isinstance(text, str):
+                texts.append(text)
+    except Exception as exc:
+        return _unreadable(result, exc)
     said = " ".join(texts).strip() or "no error text"
     if len(said) > MAX_ERROR_TEXT:
         said = said[: MAX_ERROR_TEXT - 3] + "..."
@@ -67,8 +78,11 @@ def tool_error(result: Any) -> ToolError | None:
 
 
 def structured_content(result: Any) -> Any:
-    """The result's ``structuredContent`` (None if it has none)."""
-    return _member(as_json(result), "structuredContent")
+    """The result's ``structuredContent`` (None if it has none, or if it cannot be read)."""
+    try:
+        return _member(as_json(result), "structuredContent")
+    except Exception:
+        return None
 
 
 def output_check(content: Any, schema: Mapping[str, Any] | None) -> str | None:

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from preflight.chain import GENESIS_HASH, content_hash
-from preflight.events import PreflightEvent, encode_event
+from preflight.events import PreflightEvent, published_texts
 from preflight.protect import SubjectKey, UnknownKey, ValueErased, make_kid, parse_kid, subject_handle
 from preflight.records import ExecutionRecord
 
@@ -55,7 +55,7 @@ class MemoryEventSink:
         self.published: list[bytes] = []
 
     async def publish(self, events: Sequence[PreflightEvent]) -> None:
-        encoded = [encode_event(e) for e in events]
+        encoded = published_texts(events)
         self.events.extend(events)
         self.published.extend(encoded)
 

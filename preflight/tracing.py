@@ -30,14 +30,16 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 from preflight.records import ExecutionRecord
 
-__all__ = ["TRACER_NAME", "RunSpan", "run_span", "traced"]
+__all__ = ["TRACER_NAME", "RunSpan", "run_span", "traced", "untraced"]
 
 TRACER_NAME = "preflight"
 _MAX_NAME = 128
+_UNTRACED: ContextVar[bool] = ContextVar("preflight_untraced", default=False)
 
 try:
     from opentelemetry import trace as _trace
@@ -60,7 +62,7 @@ class RunSpan:
         span = self._span
         if span is None or not span.is_recording():
             return
-        events = record.run_events
+        events = record.kept_events  # counted, not built (`preflight.records.KeptEvents`)
         run_id = record.run_ref.run_id if record.run_ref is not None else None
         tool = self._tool
         if tool is None and record.fixed is not None:
@@ -89,8 +91,22 @@ class RunSpan:
 
 
 def traced() -> bool:
-    """Whether the host has set a tracer provider; with none (or no OpenTelemetry), every span would be a no-op."""
-    return _TRACER is not None and not isinstance(_trace.get_tracer_provider(), _trace.ProxyTracerProvider)
+    """Whether the host has set a tracer provider (and the caller is not `untraced`); with none (or no
+    OpenTelemetry), every span would be a no-op."""
+    if _TRACER is None or _UNTRACED.get():
+        return False
+    return not isinstance(_trace.get_tracer_provider(), _trace.ProxyTracerProvider)
+
+
+@contextmanager
+def untraced() -> Iterator[None]:
+    """No span opens in this block (in this task and those it starts): for runs that are not the host's,
+    such as the gateway's scratch runs at start (`gateway.warm`), which must not reach its traces."""
+    token = _UNTRACED.set(True)
+    try:
+        yield
+    finally:
+        _UNTRACED.reset(token)
 
 
 @contextmanager

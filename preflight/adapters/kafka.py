@@ -65,6 +65,7 @@ from aiokafka.protocol.metadata import MetadataRequest
 from preflight.adapters.ops import PUBLISH_ACK_SECONDS
 from preflight.errors import ConstructionError, PreflightError, RecordingError
 from preflight.events import PreflightEvent, encode_message, kafka_key, message_headers
+from preflight.records import UNKEYED_RECORD_KEY, event_member
 
 __all__ = ["DEFAULT_TOPIC", "KafkaEventSink", "PublishError", "SinkStartError"]
 
@@ -477,7 +478,11 @@ class KafkaEventSink:
         if not events:
             raise PublishError("nothing to publish: a message carries at least one event", retriable=False)
         key = kafka_key(events)
-        if any(e.run_id != events[0].run_id or e.kafka_key != key for e in events):
+        run_id = event_member(events, 0, "run_id")
+        if any(
+            event_member(events, i, "run_id") != run_id or _key_of(event_member(events, i, "action_key")) != key
+            for i in range(len(events))
+        ):
             raise PublishError("one message carries the events of one run, under one key", retriable=False, key=key)
         try:
             value = encode_message(events)
@@ -577,3 +582,8 @@ def _late_outcome(key: str, topic: str) -> Callable[[asyncio.Future[_Acked | Non
         )
 
     return report
+
+
+def _key_of(action_key: str | None) -> str:
+    """The message key of an event with `action_key` (`preflight.events.Envelope.kafka_key`)."""
+    return action_key if action_key is not None else UNKEYED_RECORD_KEY

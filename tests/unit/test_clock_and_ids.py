@@ -3,9 +3,14 @@ exactly what the standard library's way gives."""
 
 from __future__ import annotations
 
+import os
 import re
 import uuid
 from datetime import UTC, datetime
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from preflight.api import new_id, utc_now
 
@@ -32,3 +37,12 @@ def test_new_id_is_a_random_version_4_uuid_as_uuid_writes_it() -> None:
         assert str(parsed) == text
         seen.add(text)
     assert len(seen) == 5_000
+
+
+@given(st.binary(min_size=16, max_size=16))
+def test_new_id_writes_the_uuid_of_its_random_bytes(raw: bytes) -> None:
+    """Every 16 random bytes give the text `uuid.UUID(bytes=..., version=4)` gives (the version and variant
+    bits set over them), whatever the digits that carry those bits."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(os, "urandom", lambda n: raw)
+        assert new_id() == str(uuid.UUID(bytes=raw, version=4))

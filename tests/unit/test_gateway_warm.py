@@ -16,6 +16,8 @@ from gateway.warm import warm_up
 from preflight import MemoryEventSink
 from preflight.results import _output_checker, _output_checker_of, output_check
 from preflight.signing import DecisionSigner
+from preflight.tracing import untraced
+from tests.spans import span_exporter
 
 TYPES = ["string", "integer", "number", "boolean", "object", "array", "null"]
 
@@ -92,3 +94,45 @@ async def test_the_warm_up_compiles_each_output_schema_and_records_nothing() -> 
     assert sink.events == []  # the warm-up's scratch runs went to a scratch sink
     assert gc.get_freeze_count() > 0  # start-up's objects are out of the collector's reach
     gc.unfreeze()
+
+
+async def test_the_warm_up_builds_the_sdks_tools_call_checks_and_never_raises_for_a_bad_schema() -> None:
+    from mcp_types import methods
+    from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
+
+    methods._adapter.cache_clear()
+    odd = Tool(name="odd", input_schema={"type": "object", "properties": {"n": {"type": "no-such-type"}}})
+    sink = MemoryEventSink()
+    try:
+        await warm_up([odd], sink)  # a schema the engine will hold for: nothing to compile, nothing raised
+    finally:
+        gc.unfreeze()
+    built = methods._adapter.cache_info()
+    for version in HANDSHAKE_PROTOCOL_VERSIONS:  # the first call's checks find their adapters built
+        methods.serialize_server_result("tools/call", version, {"content": []})
+        methods.validate_client_request("tools/call", version, {"name": "odd"})
+    after = methods._adapter.cache_info()
+    assert after.misses == built.misses and after.hits > built.hits
+    assert sink.events == []
+
+
+async def test_the_warm_up_opens_no_span_in_a_traced_host() -> None:
+    """A host with a tracer provider sees no span of the warm-up's scratch runs; outside `untraced`, the
+    same kind of run opens one (so the check can fail)."""
+    from preflight import MemoryStorage, create_preflight
+    from preflight.adapters.mcp import call_hooks
+
+    exporter = span_exporter()
+    try:
+        await warm_up([], MemoryEventSink(), signer=DecisionSigner.generate())
+    finally:
+        gc.unfreeze()
+    assert [s.name for s in exporter.get_finished_spans()] == []
+    tool = {"name": "warm_read", "inputSchema": {"type": "object"}, "annotations": {"readOnlyHint": True}}
+    run = {"user_id": "u", "agent_id": "a", "instruction": [], "tool": tool, "proposed_arguments": {}}
+    engine = create_preflight(call_hooks(), MemoryStorage(), MemoryEventSink())
+    with untraced():
+        await engine.run_and_record(run)
+    assert exporter.get_finished_spans() == ()
+    await engine.run_and_record(run)
+    assert [s.name for s in exporter.get_finished_spans()] == ["preflight warm_read"]

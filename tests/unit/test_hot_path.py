@@ -19,7 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from preflight import MemoryStorage, create_preflight
+from preflight import MemoryEventSink, MemoryStorage, create_preflight
 from preflight import scenario as sc
 from preflight.arguments import assemble, pointer_of, pointer_tokens
 from preflight.engine import Decided, Trace
@@ -28,13 +28,23 @@ from preflight.events import (
     EVENT_ADAPTER,
     Envelope,
     encode_event,
+    encode_message,
     event_canonical_json,
+    kafka_key,
+    message_headers,
     seal,
     verify_event_hash,
 )
 from preflight.fingerprint import normalise
 from preflight.lookup import _too_deep, json_value
-from preflight.records import RECORD_SCHEMA_VERSION, ExecutionRecord, FieldRecord, KeptEvents, ValueGate
+from preflight.records import (
+    RECORD_SCHEMA_VERSION,
+    ExecutionRecord,
+    FieldRecord,
+    KeptEvents,
+    ValueGate,
+    event_member,
+)
 from preflight.signing import DecisionSigner
 
 ENVELOPE: dict[str, Any] = {
@@ -398,3 +408,74 @@ async def test_kept_events_differ_from_other_events() -> None:
     assert kept != first.run_events[:-1]
     assert kept != tuple(range(len(first.run_events)))
     assert first.with_events_kept() != second.with_events_kept()
+
+
+ENVELOPE_MEMBERS = ("event_id", "event_type", "schema_version", "run_id", "seq", "prev_hash", "hash", "action_key")
+
+
+@pytest.mark.parametrize("path", sorted(PATHS))
+async def test_a_sealed_run_is_published_from_its_bytes_and_builds_its_models_when_asked(path: str) -> None:
+    """A run the engine seals keeps its events as their published bytes and sealed fields (`KeptEvents`): the
+    sink is given those bytes without a model being built, every envelope member read from the fields is the
+    model's, and the models built when asked for are what strict validation of those bytes gives; the
+    message, key and headers a Kafka sink writes are those of the models."""
+    hooks, given = PATHS[path]
+    sink = MemoryEventSink()
+    pf = create_preflight(hooks={**sc.hooks(), **hooks}, storage=MemoryStorage(), sink=sink)
+    state = await pf.run_and_record(sc.transfer(**given))
+    kept = state.kept_events
+    assert isinstance(kept, KeptEvents) and kept.kept is not None
+    assert sink.published == list(kept.texts)
+    members = [[event_member(kept, i, name) for name in ENVELOPE_MEMBERS] for i in range(len(kept))]
+    assert (kafka_key(kept), encode_message(kept), message_headers(kept)) == (
+        kafka_key(sink.events),
+        encode_message(tuple(sink.events)),
+        message_headers(sink.events),
+    )
+    models = state.run_events
+    assert type(models) is tuple and kept == models and kept.events() is models
+    assert [[getattr(e, name) for name in ENVELOPE_MEMBERS] for e in models] == members
+    assert [encode_event(e) for e in models] == list(kept.texts) == [encode_event(e) for e in sink.events]
+    _held_to_its_model(models)
+
+
+async def test_an_outcome_extends_the_kept_run_with_its_event() -> None:
+    """The record of an executed call keeps the run's bytes and fields and the outcome after them: its events
+    are the run's events and the outcome, each its model's validation, and a stored copy keeps bytes only."""
+    pf = create_preflight(sc.hooks(), MemoryStorage())
+    state = await pf.run_and_record(sc.transfer(user_answers=sc.READY_ANSWERS))
+    outcome = await pf.execute_if_ready(state, sc.BANK_TOOL, lambda name, args: {"ok": True})
+    assert outcome.status == "executed"
+    kept = outcome.state.kept_events
+    assert isinstance(kept, KeptEvents) and len(kept) == len(state.run_events) + 1
+    assert kept.texts[:-1] == tuple(encode_event(e) for e in state.run_events)
+    assert event_member(kept, len(kept) - 1, "event_type") == "executed"
+    assert outcome.state.run_events[:-1] == state.run_events
+    _held_to_its_model(outcome.state.run_events)
+    assert isinstance(pf.storage, MemoryStorage)
+    stored = pf.storage.history(state.storage_key)[-1]
+    stored_kept = stored.kept_events
+    assert isinstance(stored_kept, KeptEvents) and stored_kept.kept is None
+    assert stored_kept.texts == kept.texts and stored == outcome.state
+
+
+async def test_a_traced_run_counts_its_events_without_building_them() -> None:
+    """The run's span counts its events from what the run keeps: no model is built for it, and reading the
+    events later builds them once, kept with the bytes publishing takes."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from preflight.tracing import RunSpan
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    state = await sc.engine().run(sc.transfer(user_answers=sc.READY_ANSWERS))
+    with provider.get_tracer("test").start_as_current_span("preflight") as span:
+        RunSpan(span, "bank.transfer").record(state, gap_class=None, gate=None)
+    (finished,) = exporter.get_finished_spans()
+    assert finished.attributes is not None and finished.attributes["preflight.events"] == 9
+    kept = state.kept_events
+    assert isinstance(kept, KeptEvents) and kept._models is None
+    assert state.run_events is state.run_events and state.kept_events is kept and kept._models is not None

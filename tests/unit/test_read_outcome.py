@@ -95,39 +95,33 @@ class TestAReadsOutcomeAfterItsAnswer:
         await pf.drain()
         assert sink.events[-1].event_type == "executed" and sink.attempts == 2
 
-    async def test_one_that_cannot_be_built_is_a_named_error(self, caplog: pytest.LogCaptureFixture) -> None:
-        """A call whose outcome cannot be built (here its result's model breaks when read again) is answered,
-        and its outcome reported unrecorded (named, logged), never dropped silently and never published
-        half-built."""
+    async def test_one_that_cannot_be_built_is_a_named_error(
+        self, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A call whose outcome cannot be built is answered, and its outcome reported unrecorded (named,
+        logged), never dropped silently and never published half-built. A result cannot cause this (its
+        reading never raises: `test_real_calls`), so the fault is put into the outcome's builder itself."""
         sink = Sink()
         pf = read_engine(sink)
         reported: list[OutcomeNotRecorded] = []
         pf.on_outcome_not_recorded = reported.append
 
-        class Broken:
-            """A result model that can be read once: the call's own read of it (is it an error?) works, the
-            outcome's (its structured content, its digest) breaks."""
+        def broken_builder(*args: Any, **kwargs: Any) -> Any:
+            raise RuntimeError("the outcome's builder broke")
 
-            reads = 0
+        monkeypatch.setattr(engine_api, "outcome_event", broken_builder)
+        answer: dict[str, Any] = {"content": []}
 
-            def model_dump(self, **options: Any) -> Any:
-                self.reads += 1
-                if self.reads > 1:
-                    raise RuntimeError("the result's dump broke")
-                return {"content": []}
-
-        broken = Broken()
-
-        async def strange(name: str, arguments: dict[str, Any]) -> Broken:
-            return broken
+        async def read(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+            return answer
 
         state = await pf.admit_read(INPUT)
         with caplog.at_level(logging.ERROR, logger="preflight"):
-            outcome = await pf.execute_if_ready(state, READ, strange, await_outcome=False)
+            outcome = await pf.execute_if_ready(state, READ, read, await_outcome=False)
             await pf.drain()
-        assert outcome.status == "executed" and outcome.result is broken
+        assert outcome.status == "executed" and outcome.result is answer
         assert len(reported) == 1 and reported[0].outcome is outcome
-        assert "could not be built" in str(reported[0]) and "dump broke" in str(reported[0])
+        assert "could not be built" in str(reported[0]) and "builder broke" in str(reported[0])
         assert state.run_events[0].run_id in str(reported[0])
         assert any("could not be built" in r.getMessage() and r.levelno == logging.ERROR for r in caplog.records)
         assert [e.event_type for e in sink.events][-1] == "run_closed" and sink.attempts == 1

@@ -15,6 +15,7 @@ import pytest
 from preflight import MemoryEventSink, MemoryStorage, create_preflight
 from preflight import scenario as sc
 from preflight.arguments import MAX_LEAVES
+from preflight.emit import rebuild_record
 from preflight.extract import proposal_extractor
 from preflight.hooks import Hook
 
@@ -315,6 +316,34 @@ class TestMcpResults:
         assert "insufficient funds" in str(outcome.error)
         assert outcome.state.run_events[-1].event_type == "execution_failed"
         assert outcome.state.run_events[-1].error_type == "ToolError"
+        assert await pf.prior_state(state.storage_key) is None
+
+    @pytest.mark.parametrize("await_outcome", [True, False])
+    async def test_an_answer_that_cannot_be_read_is_a_named_failure(self, await_outcome: bool) -> None:
+        class Unreadable:
+            """A result whose dump, members and repr all raise (a broken adapter, say)."""
+
+            def model_dump(self, **_: Any) -> Any:
+                raise RuntimeError("dump broke")
+
+            @property
+            def isError(self) -> bool:
+                raise RuntimeError("member broke")
+
+            def __repr__(self) -> str:
+                raise RuntimeError("repr broke")
+
+        sink = MemoryEventSink()
+        pf = create_preflight(hooks=sc.hooks(), storage=MemoryStorage(), sink=sink)
+        state = await pf.run_and_record(sc.transfer(user_answers={"to_account": "2200119"}))
+        outcome = await pf.execute_if_ready(
+            state, sc.BANK_TOOL, lambda name, args: Unreadable(), await_outcome=await_outcome
+        )
+        assert outcome.status == "failed"
+        assert "could not be read (Unreadable: RuntimeError: member broke)" in str(outcome.error)
+        await pf.drain()
+        assert sink.events[-1].event_type == "execution_failed" and sink.events[-1].error_type == "ToolError"
+        assert rebuild_record(sink.events).execution_decision == "failed"
         assert await pf.prior_state(state.storage_key) is None
 
     async def test_structured_content_is_checked_against_the_output_schema(self) -> None:
