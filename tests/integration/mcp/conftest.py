@@ -1,16 +1,34 @@
-"""Fixtures for tests against real MCP servers: a temporary git repository, a temporary folder, and the
-servers' start parameters (`tests.mcp_servers`)."""
+"""Fixtures for tests against real MCP servers: a temporary git repository, a temporary folder, the
+servers' start parameters (`tests.mcp_servers`), and an events topic of its own on the test broker."""
 
 from __future__ import annotations
 
 import os
 import shutil
+import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 from mcp import StdioServerParameters
 
+from infra.brokers import Broker, create_topics, delete_topics
+from projections.dlq import default_dead_letter_topic
 from tests.mcp_servers import filesystem_server, git_server, make_git_repository, time_server
+
+#: The partitions of a gateway test's events topic (`events_topic`).
+PARTITIONS = 2
+
+
+@pytest.fixture
+async def events_topic(broker: Broker) -> AsyncIterator[str]:
+    """A fresh events topic on the test broker, deleted (with its dead letters) after the test."""
+    topic = f"it.gateway.{uuid.uuid4().hex[:12]}"
+    await create_topics(broker.bootstrap_servers, [topic], partitions=PARTITIONS)
+    try:
+        yield topic
+    finally:
+        await delete_topics(broker.bootstrap_servers, [topic, default_dead_letter_topic(topic)])
 
 
 @pytest.fixture

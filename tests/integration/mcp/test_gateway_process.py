@@ -9,8 +9,6 @@ import asyncio
 import json
 import os
 import sys
-import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -20,31 +18,19 @@ from mcp import StdioServerParameters
 from mcp.types import Implementation, RequestParamsMeta
 
 import queries
-from infra.brokers import Broker, create_topics, delete_topics
+from infra.brokers import Broker
 from preflight.adapters.mcp import INSTRUCTION_META_KEY, result_text
 from preflight_audit.access import parse_tokens
 from preflight_audit.api import create_app
 from preflight_audit.keys import protector
 from projections import Projector, log_end_offsets, open_database
-from projections.dlq import default_dead_letter_topic
 from projections.signatures import DecisionTrust
 from tests.gateway_support import Scripted, stdio_entry, write_settings
+from tests.integration.mcp.conftest import PARTITIONS
 from tests.integration.worker_harness import PHASE_TIMEOUT_S
 from tests.mcp_servers import mcp_session
 
 pytestmark = pytest.mark.integration
-
-PARTITIONS = 2
-
-
-@pytest.fixture
-async def events_topic(broker: Broker) -> AsyncIterator[str]:
-    topic = f"it.gateway.{uuid.uuid4().hex[:12]}"
-    await create_topics(broker.bootstrap_servers, [topic], partitions=PARTITIONS)
-    try:
-        yield topic
-    finally:
-        await delete_topics(broker.bootstrap_servers, [topic, default_dead_letter_topic(topic)])
 
 
 def gateway_process(config: Path, broker: Broker, topic: str, data: Path) -> StdioServerParameters:

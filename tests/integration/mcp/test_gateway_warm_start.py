@@ -12,11 +12,8 @@ from __future__ import annotations
 import gc
 import json
 import logging
-import socket
 import sys
 import time
-import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -26,34 +23,17 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.warm import warm_up
-from infra.brokers import Broker, create_topics, delete_topics
+from infra.brokers import Broker
 from preflight import MemoryEventSink
 from preflight.adapters.mcp import result_text
-from projections.dlq import default_dead_letter_topic
 from tests.gateway_support import client_of, engine, events_on, running_gateway, write_settings
-from tests.integration.mcp.test_gateway_process import PARTITIONS, gateway_process
-from tests.integration.worker_harness import PHASE_TIMEOUT_S
+from tests.integration.mcp.test_gateway_process import gateway_process
+from tests.integration.worker_harness import PHASE_TIMEOUT_S, free_port
 from tests.mcp_servers import mcp_session
 
 pytestmark = pytest.mark.integration
 
 RECORDING = Path(__file__).resolve().parents[2] / "servers" / "recording_server.py"
-
-
-@pytest.fixture
-async def warm_topic(broker: Broker) -> AsyncIterator[str]:
-    topic = f"it.gateway-warm.{uuid.uuid4().hex[:12]}"
-    await create_topics(broker.bootstrap_servers, [topic], partitions=PARTITIONS)
-    try:
-        yield topic
-    finally:
-        await delete_topics(broker.bootstrap_servers, [topic, default_dead_letter_topic(topic)])
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def received(log: Path) -> list[dict[str, Any]]:
@@ -76,19 +56,19 @@ COUNTED = ("preflight_gateway_calls_total", "preflight_gateway_decisions_total",
 
 
 async def test_the_warm_up_calls_no_tool_publishes_nothing_and_counts_no_call(
-    broker: Broker, warm_topic: str, tmp_path: Path
+    broker: Broker, events_topic: str, tmp_path: Path
 ) -> None:
     log = tmp_path / "received.jsonl"
     entry = {"command": sys.executable, "args": [str(RECORDING), str(log)]}
     config = write_settings(tmp_path / "gateway.toml", servers={"recording": entry})
     port = free_port()
-    params = gateway_process(config, broker, warm_topic, tmp_path)
+    params = gateway_process(config, broker, events_topic, tmp_path)
     params = params.model_copy(update={"args": [*params.args, "--ops-port", str(port)]})
     metrics = f"http://127.0.0.1:{port}/metrics"
 
     async with mcp_session(params) as session:  # initialize is answered once the warm-up is over
         assert [r["method"] for r in received(log)] == ["tools/list"]  # listed at start, never called
-        assert await events_on(broker.bootstrap_servers, warm_topic) == []
+        assert await events_on(broker.bootstrap_servers, events_topic) == []
         before = await totals(metrics)
         assert {name: before.get(name, 0.0) for name in COUNTED} == dict.fromkeys(COUNTED, 0.0)
 
@@ -103,11 +83,11 @@ async def test_the_warm_up_calls_no_tool_publishes_nothing_and_counts_no_call(
 
         # The read's outcome is published after its answer: wait for it, with a deadline.
         deadline = time.monotonic() + PHASE_TIMEOUT_S
-        events = await events_on(broker.bootstrap_servers, warm_topic)
+        events = await events_on(broker.bootstrap_servers, events_topic)
         while not any(e.event_type == "executed" for e in events):
             assert time.monotonic() < deadline, f"no outcome on the topic: {[e.event_type for e in events]}"
             await anyio.sleep(0.1)
-            events = await events_on(broker.bootstrap_servers, warm_topic)
+            events = await events_on(broker.bootstrap_servers, events_topic)
     assert len({e.run_id for e in events}) == 1  # the one call's run, and nothing of the warm-up's
     assert {e.user_id for e in events} == {"u_01"}  # the settings' user, not the warm-up's
 
