@@ -636,6 +636,8 @@ class _Run:
             return
         self.call = call_arguments({f.name: f.value for f in settled})
         problems = self.plan.violations_of(self.call)
+        if not problems:
+            return
         for index, resolved in enumerate(self.resolved):
             pointer = pointer_of(resolved.field.name)
             why = [reason for path, reason in problems if pointer == path or pointer.startswith(path + "/")]

@@ -11,19 +11,23 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
 from preflight.arguments import name_of, value_at
-from preflight.hooks import MISSING, Hook, LookupContext, call, read, takes
+from preflight.hooks import MISSING, Hook, LookupContext, awaiting, read, takes
 from preflight.normalise import denotes, whole_token
 from preflight.records import BaselineStatus, ExecutionRecord, FieldRecord
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Evidence:
-    """Where a field's value was read, beyond the record's `source` (for the audit trail)."""
+    """Where a field's value was read, beyond the record's `source` (for the audit trail).
+
+    Never changed once built (`dataclasses.replace` makes another). Not declared frozen: a frozen dataclass
+    sets each of its eleven members through `object.__setattr__`, four times the cost of building it, and a
+    run builds one for each field it looks up (bench/README.md, engine)."""
 
     tier: str | None = None
     segment_index: int | None = None
@@ -57,8 +61,10 @@ class Evidence:
         }
 
 
-@dataclass(frozen=True)
-class Resolved:
+class Resolved(NamedTuple):
+    """A settled field and the evidence of where its value was read (a tuple: built for every field a run
+    looks up, at half a frozen dataclass's cost)."""
+
     field: FieldRecord
     evidence: Evidence
     #: Settled unknown on the spot (a lookup hook threw, or a tier-1 claim was refused): the field policy
@@ -207,10 +213,9 @@ async def lookup_field(
     # Tier 1: the user's own words, with coordinates. A plain-string instruction closes this tier.
     extract = hooks["extract_from_instruction"]
     try:
-        if takes(extract, 3):
-            found = await call(extract, name, ctx.instruction, ctx)
-        else:
-            found = await call(extract, name, ctx.instruction)
+        found = extract(name, ctx.instruction, ctx) if takes(extract, 3) else extract(name, ctx.instruction)
+        if awaiting(found):
+            found = await found
     except Exception as exc:
         return _failed(name, at, "instruction", exc)
     if found is not None and isinstance(ctx.instruction, list):
@@ -239,7 +244,9 @@ async def lookup_field(
 
     # Tier 3: a measurement the hook vouches for with `valid: True`.
     try:
-        measured = await call(hooks["measure_from_environment"], name, ctx)
+        measured = hooks["measure_from_environment"](name, ctx)
+        if awaiting(measured):
+            measured = await measured
     except Exception as exc:
         return _failed(name, at, "measured_data", exc)
     if measured is not None and read(measured, "valid", False) is True:
@@ -377,17 +384,19 @@ async def settle_field(
 
     record = await _apply_policy(record, ctx, hooks)
     if record.status != "known":
-        return Resolved(record, resolved.evidence)
+        return resolved if record is resolved.field else Resolved(record, resolved.evidence)
 
     schema = ctx.field_schemas.get(name)
     verdict = check(record.value) if check is not None else None
     if verdict is None:
         try:
-            verdict = await call(hooks["validate_field_schema"], record.value, schema, ctx)
+            verdict = hooks["validate_field_schema"](record.value, schema, ctx)
+            if awaiting(verdict):
+                verdict = await verdict
         except Exception as exc:
             verdict = f"validation hook failed: {type(exc).__name__}: {exc}"
     if verdict is None:
-        return Resolved(record, resolved.evidence)
+        return resolved if record is resolved.field else Resolved(record, resolved.evidence)
     if not isinstance(verdict, str):
         verdict = f"validation hook returned {type(verdict).__name__}, not None or a violation string"
     note = f"schema violation (source {record.source}): {verdict}"
@@ -398,7 +407,9 @@ async def _apply_policy(record: FieldRecord, ctx: LookupContext, hooks: Mapping[
     given = record.as_json()
     given.setdefault("value", None)
     try:
-        out = await call(hooks["apply_field_policy"], given, ctx)  # given: written for the hook, not kept
+        out = hooks["apply_field_policy"](given, ctx)  # given: written for the hook, not kept
+        if awaiting(out):
+            out = await out
     except Exception as exc:
         return demote(record, f"field policy hook failed: {type(exc).__name__}: {exc}")
     status = read(out, "status", None)
