@@ -600,7 +600,7 @@ class _Run:
     # against the whole schema, once every leaf is known.
     async def look_up_fields(self) -> Decided | None:
         inp, plan = self.inp, self.plan
-        self.ctx = LookupContext(
+        self.ctx = LookupContext.of(
             user_id=inp.user_id,
             instruction=inp.instruction,
             user_answers=inp.user_answers,

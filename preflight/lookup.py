@@ -320,8 +320,7 @@ def _known(name: str, value: Any, source: Any, at: str, evidence: Evidence) -> R
     if not ok:
         note = f"value from {source} cannot be recorded (not a JSON value)"
         return Resolved(_unknown(name, at, note=note), evidence)
-    record = FieldRecord(name=name, value=value, status="known", source=source, origin_source=source, resolved_at=at)
-    return Resolved(record, evidence)
+    return Resolved(FieldRecord.found(name, value, source, at), evidence)
 
 
 SPAN_DOES_NOT_HOLD_VALUE = "span_does_not_hold_value"
