@@ -624,7 +624,8 @@ class _Run:
         if inp.proposed_arguments is not None:
             self.resolved = [_with_proposal(r, leaf) for r, leaf in zip(self.resolved, plan.leaves, strict=True)]
         for resolved in self.resolved:
-            self.trace.took("field_resolved", field=resolved.field.as_json(), evidence=resolved.evidence.as_json())
+            field = resolved.written if resolved.written is not None else resolved.field.as_json()
+            self.trace.took("field_resolved", field=field, evidence=resolved.evidence.as_json())
         self.fields = [r.field for r in self.resolved]
         return None
 

@@ -70,6 +70,9 @@ class Resolved(NamedTuple):
     #: Settled unknown on the spot (a lookup hook threw, or a tier-1 claim was refused): the field policy
     #: and validation do not see it, so nothing can mark it pending or change its note.
     final: bool = False
+    #: The field's JSON (`FieldRecord.as_json`) when it was written for the field policy and the field came
+    #: through the policy and the checks unchanged: its event takes it rather than writing it again.
+    written: dict[str, Any] | None = None
 
 
 class BaselineReader:
@@ -157,6 +160,16 @@ def json_value(value: Any) -> tuple[bool, Any]:
     kind = type(value)
     if value is None or kind is bool or (kind is int and -_INT64 <= value <= _INT64):
         return True, value  # what orjson's round trip below gives back
+    if kind is str:
+        # The round trip below gives a string back as it is, and refuses one holding a lone surrogate, which
+        # is exactly a string that UTF-8 cannot encode.
+        if value.isascii():
+            return True, value
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return False, None
+        return True, value
     if _plain_within_depth(value):
         # Strings, integers within 64 bits, booleans, null, lists and str-keyed dicts, nested no deeper than
         # MAX_VALUE_DEPTH: orjson's round trip is json's (same values, same key order) in a tenth of the
@@ -381,9 +394,15 @@ async def settle_field(
         # The policy must not see a crashed lookup or a refused claim: it could mark it pending and schedule it.
         return resolved
 
-    record = await _apply_policy(record, ctx, hooks)
+    written = record.as_json()
+    # The policy hook's own copy, `written` kept for the field's event: a value that is no container needs no
+    # deeper copy than the dict's (`as_json` copies a container).
+    given = {**written} if type(written.get("value")) not in (dict, list) else record.as_json()
+    given.setdefault("value", None)
+    record = await _apply_policy(record, given, ctx, hooks)
+    kept = written if record is resolved.field else None
     if record.status != "known":
-        return resolved if record is resolved.field else Resolved(record, resolved.evidence)
+        return Resolved(record, resolved.evidence, False, kept)
 
     schema = ctx.field_schemas.get(name)
     verdict = check(record.value) if check is not None else None
@@ -395,16 +414,17 @@ async def settle_field(
         except Exception as exc:
             verdict = f"validation hook failed: {type(exc).__name__}: {exc}"
     if verdict is None:
-        return resolved if record is resolved.field else Resolved(record, resolved.evidence)
+        return Resolved(record, resolved.evidence, False, kept)
     if not isinstance(verdict, str):
         verdict = f"validation hook returned {type(verdict).__name__}, not None or a violation string"
     note = f"schema violation (source {record.source}): {verdict}"
     return Resolved(demote(record, note, pending_at_trigger=False), resolved.evidence)
 
 
-async def _apply_policy(record: FieldRecord, ctx: LookupContext, hooks: Mapping[str, Hook]) -> FieldRecord:
-    given = record.as_json()
-    given.setdefault("value", None)
+async def _apply_policy(
+    record: FieldRecord, given: dict[str, Any], ctx: LookupContext, hooks: Mapping[str, Hook]
+) -> FieldRecord:
+    """The field policy's verdict on `record`, whose JSON the hook is `given` (written for it, not kept)."""
     try:
         out = hooks["apply_field_policy"](given, ctx)  # given: written for the hook, not kept
         if awaiting(out):
