@@ -311,6 +311,8 @@ def _ancestors(name: str) -> list[tuple[str, str | None]]:
 
 def given(answers: Mapping[str, Any], name: str) -> Any:
     """The answer for field `name`: under its own name, else inside an answer for an object holding it."""
+    if name[:1] != "/":  # a top-level key by its plain name: its own answer or none (`_ancestors`)
+        return answers.get(name, MISSING)
     for key, inside in _ancestors(name):
         if key in answers:
             value = answers[key] if inside is None else value_at(answers[key], inside)
@@ -322,6 +324,8 @@ def given(answers: Mapping[str, Any], name: str) -> Any:
 def wrapped(pre_set: Mapping[str, Any], name: str) -> tuple[Any, str | None]:
     """The pre-set entry for field `name` and the pointer inside its value (None: the entry is the field's
     own), nearest first; (None, None) when there is none."""
+    if name[:1] != "/":  # a top-level key by its plain name: its own entry or none (`_ancestors`)
+        return (pre_set[name], None) if name in pre_set else (None, None)
     for key, inside in _ancestors(name):
         if key in pre_set:
             return pre_set[key], inside

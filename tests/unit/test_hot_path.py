@@ -23,7 +23,7 @@ from pydantic import ValidationError
 
 from preflight import MemoryEventSink, MemoryStorage, create_preflight
 from preflight import scenario as sc
-from preflight.arguments import assemble, pointer_of, pointer_tokens
+from preflight.arguments import assemble, name_of, pointer_of, pointer_tokens
 from preflight.engine import Decided, Trace
 from preflight.errors import EffectUnknownError
 from preflight.events import (
@@ -413,6 +413,18 @@ def test_a_call_is_assembled_from_its_leaves_pointers(keys: list[str], nested: l
     except (AttributeError, TypeError):  # a leaf above another: no plan has one
         return
     assert json.dumps(assemble(values)) == json.dumps(expected)
+
+
+@settings(max_examples=500, deadline=None)
+@given(tokens=st.lists(_KEY, min_size=1, max_size=3))
+def test_a_pointers_field_name_is_its_parse(tokens: list[str]) -> None:
+    """`name_of` gives a one-token pointer with nothing escaped its key without parsing it (its shortcut): the
+    name its parse gives, for any pointer."""
+    pointer = "/" + "/".join(token.replace("~", "~0").replace("/", "~1") for token in tokens)
+    parsed = pointer_tokens(pointer)
+    expected = parsed[0] if len(parsed) == 1 and not parsed[0].startswith("/") else pointer
+    assert name_of(pointer) == expected
+    assert pointer_of(name_of(pointer)) == pointer
 
 
 async def test_events_sharing_their_set_of_given_members_are_copied_apart() -> None:
