@@ -44,11 +44,7 @@ class Evidence:
     proposed: Any = MISSING
 
     def as_json(self) -> dict[str, Any]:
-        proposed = {} if self.proposed is MISSING else {"proposed": self.proposed}
-        asked = {} if self.answer_origin is None else {"answer_origin": self.answer_origin}
-        return {
-            **proposed,
-            **asked,
+        written = {
             "tier": self.tier,
             "segment_index": self.segment_index,
             "span": list(self.span) if self.span is not None else None,
@@ -59,6 +55,12 @@ class Evidence:
             "baseline_run_id": self.baseline_run_id,
             "baseline_timestamp": self.baseline_timestamp,
         }
+        if self.proposed is MISSING and self.answer_origin is None:
+            return written
+        first: dict[str, Any] = {} if self.proposed is MISSING else {"proposed": self.proposed}
+        if self.answer_origin is not None:
+            first["answer_origin"] = self.answer_origin
+        return {**first, **written}
 
 
 class Resolved(NamedTuple):
