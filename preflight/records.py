@@ -138,29 +138,42 @@ class FieldRecord(BaseModel):
 
     def as_json(self) -> dict[str, Any]:
         """`model_dump(mode="json")`, the same dict in the same key order, written directly for a value of
-        plain JSON (`preflight.chain.plain_json`; its containers copied): the decision path dumps each field
-        twice (for the policy hook and for its event), and the model's serializer costs ~10x this
-        (bench/README.md, engine). A test holds the two equal (`tests/unit/test_hot_path.py`)."""
+        plain JSON (`preflight.chain.plain_json`; its containers copied): a run writes each field's JSON for
+        the policy hook (its event takes the same when the field passes through) and for the record's digest,
+        and the model's serializer costs ~10x this (bench/README.md, engine). A test holds the two equal
+        (`tests/unit/test_hot_path.py`)."""
         d = self.__dict__
         value = d["value"]
         known = d["status"] != "unknown"
-        if known and value is not None and type(value) is not str:
+        kind = type(value)
+        scalar = value is None or kind is str or kind is bool or (kind is int and -_INT64 <= value <= _INT64)
+        if known and not scalar:
             if not plain_json(value):
                 dumped: dict[str, Any] = self.model_dump(mode="json")
                 return dumped
-            if type(value) in (dict, list):
+            if kind is dict or kind is list:
                 try:
                     value = orjson.loads(orjson.dumps(value))
                 except TypeError:  # a lone surrogate: as the model writes it
                     dumped = self.model_dump(mode="json")
                     return dumped
-        out: dict[str, Any] = {"name": d["name"]}
         if known:
-            out["value"] = value
-        out["status"] = d["status"]
-        out["source"] = d["source"]
-        out["origin_source"] = d["origin_source"]
-        out["resolved_at"] = d["resolved_at"]
+            out: dict[str, Any] = {
+                "name": d["name"],
+                "value": value,
+                "status": d["status"],
+                "source": d["source"],
+                "origin_source": d["origin_source"],
+                "resolved_at": d["resolved_at"],
+            }
+        else:
+            out = {
+                "name": d["name"],
+                "status": d["status"],
+                "source": d["source"],
+                "origin_source": d["origin_source"],
+                "resolved_at": d["resolved_at"],
+            }
         for name, key in _FIELD_OPTIONAL:
             if d[name] is not None:
                 out[key] = d[name]
@@ -180,6 +193,7 @@ _FIELD_OPTIONAL = (
 _FOUND_GIVEN = {"name", "value", "status", "source", "origin_source", "resolved_at"}
 _FOUND_SOURCES = frozenset(get_args(OriginSource))
 _set = object.__setattr__
+_INT64 = 2**63 - 1
 
 
 class C3Match(BaseModel):
