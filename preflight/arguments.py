@@ -113,6 +113,8 @@ def pointer_of(name: str) -> str:
 
 def name_of(pointer: str) -> str:
     """The field name of a pointer: a top-level key by its plain name (unless it would read as a pointer)."""
+    if pointer[:1] == "/" and pointer.find("/", 1) < 0 and "~" not in pointer:
+        return pointer[1:]  # one token, nothing escaped in it: the key as it is (a test holds it to the parse)
     tokens = pointer_tokens(pointer)
     if len(tokens) == 1 and not tokens[0].startswith("/"):
         return tokens[0]

@@ -600,7 +600,7 @@ class _Run:
     # against the whole schema, once every leaf is known.
     async def look_up_fields(self) -> Decided | None:
         inp, plan = self.inp, self.plan
-        self.ctx = LookupContext(
+        self.ctx = LookupContext.of(
             user_id=inp.user_id,
             instruction=inp.instruction,
             user_answers=inp.user_answers,
@@ -624,7 +624,8 @@ class _Run:
         if inp.proposed_arguments is not None:
             self.resolved = [_with_proposal(r, leaf) for r, leaf in zip(self.resolved, plan.leaves, strict=True)]
         for resolved in self.resolved:
-            self.trace.took("field_resolved", field=resolved.field.as_json(), evidence=resolved.evidence.as_json())
+            field = resolved.written if resolved.written is not None else resolved.field.as_json()
+            self.trace.took("field_resolved", field=field, evidence=resolved.evidence.as_json())
         self.fields = [r.field for r in self.resolved]
         return None
 
@@ -636,6 +637,8 @@ class _Run:
             return
         self.call = call_arguments({f.name: f.value for f in settled})
         problems = self.plan.violations_of(self.call)
+        if not problems:
+            return
         for index, resolved in enumerate(self.resolved):
             pointer = pointer_of(resolved.field.name)
             why = [reason for path, reason in problems if pointer == path or pointer.startswith(path + "/")]

@@ -11,19 +11,23 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
 from preflight.arguments import name_of, value_at
-from preflight.hooks import MISSING, Hook, LookupContext, call, read, takes
+from preflight.hooks import MISSING, Hook, LookupContext, awaiting, read, takes
 from preflight.normalise import denotes, whole_token
 from preflight.records import BaselineStatus, ExecutionRecord, FieldRecord
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Evidence:
-    """Where a field's value was read, beyond the record's `source` (for the audit trail)."""
+    """Where a field's value was read, beyond the record's `source` (for the audit trail).
+
+    Never changed once built (`dataclasses.replace` makes another). Not declared frozen: a frozen dataclass
+    sets each of its eleven members through `object.__setattr__`, four times the cost of building it, and a
+    run builds one for each field it looks up (bench/README.md, engine)."""
 
     tier: str | None = None
     segment_index: int | None = None
@@ -40,11 +44,7 @@ class Evidence:
     proposed: Any = MISSING
 
     def as_json(self) -> dict[str, Any]:
-        proposed = {} if self.proposed is MISSING else {"proposed": self.proposed}
-        asked = {} if self.answer_origin is None else {"answer_origin": self.answer_origin}
-        return {
-            **proposed,
-            **asked,
+        written = {
             "tier": self.tier,
             "segment_index": self.segment_index,
             "span": list(self.span) if self.span is not None else None,
@@ -55,15 +55,26 @@ class Evidence:
             "baseline_run_id": self.baseline_run_id,
             "baseline_timestamp": self.baseline_timestamp,
         }
+        if self.proposed is MISSING and self.answer_origin is None:
+            return written
+        first: dict[str, Any] = {} if self.proposed is MISSING else {"proposed": self.proposed}
+        if self.answer_origin is not None:
+            first["answer_origin"] = self.answer_origin
+        return {**first, **written}
 
 
-@dataclass(frozen=True)
-class Resolved:
+class Resolved(NamedTuple):
+    """A settled field and the evidence of where its value was read (a tuple: built for every field a run
+    looks up, at half a frozen dataclass's cost)."""
+
     field: FieldRecord
     evidence: Evidence
     #: Settled unknown on the spot (a lookup hook threw, or a tier-1 claim was refused): the field policy
     #: and validation do not see it, so nothing can mark it pending or change its note.
     final: bool = False
+    #: The field's JSON (`FieldRecord.as_json`) when it was written for the field policy and the field came
+    #: through the policy and the checks unchanged: its event takes it rather than writing it again.
+    written: dict[str, Any] | None = None
 
 
 class BaselineReader:
@@ -151,6 +162,16 @@ def json_value(value: Any) -> tuple[bool, Any]:
     kind = type(value)
     if value is None or kind is bool or (kind is int and -_INT64 <= value <= _INT64):
         return True, value  # what orjson's round trip below gives back
+    if kind is str:
+        # The round trip below gives a string back as it is, and refuses one holding a lone surrogate, which
+        # is exactly a string that UTF-8 cannot encode.
+        if value.isascii():
+            return True, value
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return False, None
+        return True, value
     if _plain_within_depth(value):
         # Strings, integers within 64 bits, booleans, null, lists and str-keyed dicts, nested no deeper than
         # MAX_VALUE_DEPTH: orjson's round trip is json's (same values, same key order) in a tenth of the
@@ -207,10 +228,9 @@ async def lookup_field(
     # Tier 1: the user's own words, with coordinates. A plain-string instruction closes this tier.
     extract = hooks["extract_from_instruction"]
     try:
-        if takes(extract, 3):
-            found = await call(extract, name, ctx.instruction, ctx)
-        else:
-            found = await call(extract, name, ctx.instruction)
+        found = extract(name, ctx.instruction, ctx) if takes(extract, 3) else extract(name, ctx.instruction)
+        if awaiting(found):
+            found = await found
     except Exception as exc:
         return _failed(name, at, "instruction", exc)
     if found is not None and isinstance(ctx.instruction, list):
@@ -239,7 +259,9 @@ async def lookup_field(
 
     # Tier 3: a measurement the hook vouches for with `valid: True`.
     try:
-        measured = await call(hooks["measure_from_environment"], name, ctx)
+        measured = hooks["measure_from_environment"](name, ctx)
+        if awaiting(measured):
+            measured = await measured
     except Exception as exc:
         return _failed(name, at, "measured_data", exc)
     if measured is not None and read(measured, "valid", False) is True:
@@ -291,6 +313,8 @@ def _ancestors(name: str) -> list[tuple[str, str | None]]:
 
 def given(answers: Mapping[str, Any], name: str) -> Any:
     """The answer for field `name`: under its own name, else inside an answer for an object holding it."""
+    if name[:1] != "/":  # a top-level key by its plain name: its own answer or none (`_ancestors`)
+        return answers.get(name, MISSING)
     for key, inside in _ancestors(name):
         if key in answers:
             value = answers[key] if inside is None else value_at(answers[key], inside)
@@ -302,6 +326,8 @@ def given(answers: Mapping[str, Any], name: str) -> Any:
 def wrapped(pre_set: Mapping[str, Any], name: str) -> tuple[Any, str | None]:
     """The pre-set entry for field `name` and the pointer inside its value (None: the entry is the field's
     own), nearest first; (None, None) when there is none."""
+    if name[:1] != "/":  # a top-level key by its plain name: its own entry or none (`_ancestors`)
+        return (pre_set[name], None) if name in pre_set else (None, None)
     for key, inside in _ancestors(name):
         if key in pre_set:
             return pre_set[key], inside
@@ -313,8 +339,7 @@ def _known(name: str, value: Any, source: Any, at: str, evidence: Evidence) -> R
     if not ok:
         note = f"value from {source} cannot be recorded (not a JSON value)"
         return Resolved(_unknown(name, at, note=note), evidence)
-    record = FieldRecord(name=name, value=value, status="known", source=source, origin_source=source, resolved_at=at)
-    return Resolved(record, evidence)
+    return Resolved(FieldRecord.found(name, value, source, at), evidence)
 
 
 SPAN_DOES_NOT_HOLD_VALUE = "span_does_not_hold_value"
@@ -375,30 +400,41 @@ async def settle_field(
         # The policy must not see a crashed lookup or a refused claim: it could mark it pending and schedule it.
         return resolved
 
-    record = await _apply_policy(record, ctx, hooks)
+    written = record.as_json()
+    # The policy hook's own copy, `written` kept for the field's event: a value that is no container needs no
+    # deeper copy than the dict's (`as_json` copies a container).
+    given = {**written} if type(written.get("value")) not in (dict, list) else record.as_json()
+    given.setdefault("value", None)
+    record = await _apply_policy(record, given, ctx, hooks)
+    kept = written if record is resolved.field else None
     if record.status != "known":
-        return Resolved(record, resolved.evidence)
+        return Resolved(record, resolved.evidence, False, kept)
 
     schema = ctx.field_schemas.get(name)
     verdict = check(record.value) if check is not None else None
     if verdict is None:
         try:
-            verdict = await call(hooks["validate_field_schema"], record.value, schema, ctx)
+            verdict = hooks["validate_field_schema"](record.value, schema, ctx)
+            if awaiting(verdict):
+                verdict = await verdict
         except Exception as exc:
             verdict = f"validation hook failed: {type(exc).__name__}: {exc}"
     if verdict is None:
-        return Resolved(record, resolved.evidence)
+        return Resolved(record, resolved.evidence, False, kept)
     if not isinstance(verdict, str):
         verdict = f"validation hook returned {type(verdict).__name__}, not None or a violation string"
     note = f"schema violation (source {record.source}): {verdict}"
     return Resolved(demote(record, note, pending_at_trigger=False), resolved.evidence)
 
 
-async def _apply_policy(record: FieldRecord, ctx: LookupContext, hooks: Mapping[str, Hook]) -> FieldRecord:
-    given = record.as_json()
-    given.setdefault("value", None)
+async def _apply_policy(
+    record: FieldRecord, given: dict[str, Any], ctx: LookupContext, hooks: Mapping[str, Hook]
+) -> FieldRecord:
+    """The field policy's verdict on `record`, whose JSON the hook is `given` (written for it, not kept)."""
     try:
-        out = await call(hooks["apply_field_policy"], given, ctx)  # given: written for the hook, not kept
+        out = hooks["apply_field_policy"](given, ctx)  # given: written for the hook, not kept
+        if awaiting(out):
+            out = await out
     except Exception as exc:
         return demote(record, f"field policy hook failed: {type(exc).__name__}: {exc}")
     status = read(out, "status", None)

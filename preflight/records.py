@@ -102,31 +102,78 @@ class FieldRecord(BaseModel):
             data.pop("value", None)
         return _drop_none(data, ("pending_at_trigger", "lookup_failed", "note", "_diag_note", "proposal"))
 
+    @classmethod
+    def found(cls, name: str, value: Any, source: OriginSource, at: str) -> FieldRecord:
+        """The known field `name` whose `value` a lookup found in `source` (its origin too) at `at`: what
+        validating those members gives, assembled without validating them where they are what validation
+        would check -- `name` and `at` strings, `source` an origin, and `value` a JSON value as
+        `preflight.lookup.json_value` gives it (the caller's word: plain JSON, floats and integers of any size,
+        nested at most 64 deep) -- else validated. A run finds most of its fields, and the validation of
+        each costs twice its assembly (bench/README.md, engine); a property test holds the two equal, the set of
+        members given included."""
+        if type(name) is not str or type(at) is not str or source not in _FOUND_SOURCES:
+            return cls(name=name, value=value, status="known", source=source, origin_source=source, resolved_at=at)
+        record = cls.__new__(cls)
+        _set(
+            record,
+            "__dict__",
+            {
+                "name": name,
+                "value": value,
+                "status": "known",
+                "source": source,
+                "origin_source": source,
+                "resolved_at": at,
+                "pending_at_trigger": None,
+                "lookup_failed": None,
+                "note": None,
+                "diag_note": None,
+                "proposal": None,
+            },
+        )
+        _set(record, "__pydantic_fields_set__", _FOUND_GIVEN)
+        _set(record, "__pydantic_extra__", None)
+        _set(record, "__pydantic_private__", None)
+        return record
+
     def as_json(self) -> dict[str, Any]:
         """`model_dump(mode="json")`, the same dict in the same key order, written directly for a value of
-        plain JSON (`preflight.chain.plain_json`; its containers copied): the decision path dumps each field
-        twice (for the policy hook and for its event), and the model's serializer costs ~10x this
-        (bench/README.md, engine). A test holds the two equal (`tests/unit/test_hot_path.py`)."""
+        plain JSON (`preflight.chain.plain_json`; its containers copied): a run writes each field's JSON for
+        the policy hook (its event takes the same when the field passes through) and for the record's digest,
+        and the model's serializer costs ~10x this (bench/README.md, engine). A test holds the two equal
+        (`tests/unit/test_hot_path.py`)."""
         d = self.__dict__
         value = d["value"]
         known = d["status"] != "unknown"
-        if known and value is not None and type(value) is not str:
+        kind = type(value)
+        scalar = value is None or kind is str or kind is bool or (kind is int and -_INT64 <= value <= _INT64)
+        if known and not scalar:
             if not plain_json(value):
                 dumped: dict[str, Any] = self.model_dump(mode="json")
                 return dumped
-            if type(value) in (dict, list):
+            if kind is dict or kind is list:
                 try:
                     value = orjson.loads(orjson.dumps(value))
                 except TypeError:  # a lone surrogate: as the model writes it
                     dumped = self.model_dump(mode="json")
                     return dumped
-        out: dict[str, Any] = {"name": d["name"]}
         if known:
-            out["value"] = value
-        out["status"] = d["status"]
-        out["source"] = d["source"]
-        out["origin_source"] = d["origin_source"]
-        out["resolved_at"] = d["resolved_at"]
+            out: dict[str, Any] = {
+                "name": d["name"],
+                "value": value,
+                "status": d["status"],
+                "source": d["source"],
+                "origin_source": d["origin_source"],
+                "resolved_at": d["resolved_at"],
+            }
+        else:
+            out = {
+                "name": d["name"],
+                "status": d["status"],
+                "source": d["source"],
+                "origin_source": d["origin_source"],
+                "resolved_at": d["resolved_at"],
+            }
         for name, key in _FIELD_OPTIONAL:
             if d[name] is not None:
                 out[key] = d[name]
@@ -141,6 +188,12 @@ _FIELD_OPTIONAL = (
     ("diag_note", "_diag_note"),
     ("proposal", "proposal"),
 )
+#: The members a found field is given (`FieldRecord.found`): the set validation records as given, one for every
+#: such field (a frozen model never changes it; `model_copy` copies it before adding to it).
+_FOUND_GIVEN = {"name", "value", "status", "source", "origin_source", "resolved_at"}
+_FOUND_SOURCES = frozenset(get_args(OriginSource))
+_set = object.__setattr__
+_INT64 = 2**63 - 1
 
 
 class C3Match(BaseModel):

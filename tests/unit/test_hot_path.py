@@ -11,6 +11,7 @@ bytes are its dump's canonical form. And the shortcuts the hot path takes comput
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import unicodedata
 from typing import Any
@@ -18,10 +19,11 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
 from preflight import MemoryEventSink, MemoryStorage, create_preflight
 from preflight import scenario as sc
-from preflight.arguments import assemble, pointer_of, pointer_tokens
+from preflight.arguments import assemble, name_of, pointer_of, pointer_tokens
 from preflight.engine import Decided, Trace
 from preflight.errors import EffectUnknownError
 from preflight.events import (
@@ -36,6 +38,7 @@ from preflight.events import (
     verify_event_hash,
 )
 from preflight.fingerprint import normalise
+from preflight.hooks import LookupContext
 from preflight.lookup import _too_deep, json_value
 from preflight.records import (
     RECORD_SCHEMA_VERSION,
@@ -244,6 +247,55 @@ def test_a_fields_json_is_its_models_dump(
         assert written["value"] is not field.value  # a copy: a hook that changes it changes no record
 
 
+@settings(max_examples=400, deadline=None)
+@given(
+    name=st.text(min_size=1, max_size=8),
+    value=_JSON,
+    source=st.sampled_from(["user_answer", "instruction", "pre_set_data", "measured_data"]),
+    at=st.text(max_size=24),
+)
+def test_a_found_field_is_what_validation_gives(name: str, value: Any, source: Any, at: str) -> None:
+    """`FieldRecord.found` assembles what validating the same members gives, for any value `json_value` lets
+    through: equal, the same members given, dumped and written alike, and copied alike."""
+    ok, value = json_value(value)
+    if not ok:
+        return
+    found = FieldRecord.found(name, value, source, at)
+    validated = FieldRecord(name=name, value=value, status="known", source=source, origin_source=source, resolved_at=at)
+    assert found == validated
+    assert list(found.__dict__.items()) == list(validated.__dict__.items())
+    assert found.model_fields_set == validated.model_fields_set
+    assert found.__pydantic_extra__ == validated.__pydantic_extra__
+    assert found.__pydantic_private__ == validated.__pydantic_private__
+    assert found.model_dump_json() == validated.model_dump_json()
+    assert list(found.as_json().items()) == list(validated.as_json().items())
+    copied = found.model_copy(update={"proposal": "matched"})
+    assert copied == validated.model_copy(update={"proposal": "matched"})
+    assert copied.model_fields_set == validated.model_fields_set | {"proposal"}
+    assert found.model_fields_set == validated.model_fields_set  # the copy added to its own set
+
+
+def test_a_found_field_of_members_validation_would_refuse_is_validated() -> None:
+    """Members that are not what `found` may take unchecked are validated, and refused as validation refuses."""
+    with pytest.raises(ValidationError):
+        FieldRecord.found("amount", 5, "user_answer", 12345)  # type: ignore[arg-type]  # a clock's non-text
+    with pytest.raises(ValidationError):
+        FieldRecord.found("amount", 5, "prior_state", "2026-12-06T00:00:00.000Z")  # type: ignore[arg-type]
+
+
+def test_a_lookup_context_of_its_members_is_the_dataclass_built_from_them() -> None:
+    members: dict[str, Any] = {f.name: object() for f in dataclasses.fields(LookupContext)}
+    built = LookupContext.of(**members)
+    assert built == LookupContext(**members)
+    assert vars(built) == vars(LookupContext(**members))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        built.phase = "at_instruction"  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        LookupContext.of(**{k: v for k, v in members.items() if k != "phase"})
+    with pytest.raises(TypeError):
+        LookupContext.of(**members, extra=1)
+
+
 def _written_as_dumped(written: Any, dumped: Any) -> None:
     """The same JSON, key order included (json.dumps keeps each dict's order)."""
     assert json.dumps(written) == json.dumps(dumped)
@@ -361,6 +413,18 @@ def test_a_call_is_assembled_from_its_leaves_pointers(keys: list[str], nested: l
     except (AttributeError, TypeError):  # a leaf above another: no plan has one
         return
     assert json.dumps(assemble(values)) == json.dumps(expected)
+
+
+@settings(max_examples=500, deadline=None)
+@given(tokens=st.lists(_KEY, min_size=1, max_size=3))
+def test_a_pointers_field_name_is_its_parse(tokens: list[str]) -> None:
+    """`name_of` gives a one-token pointer with nothing escaped its key without parsing it (its shortcut): the
+    name its parse gives, for any pointer."""
+    pointer = "/" + "/".join(token.replace("~", "~0").replace("/", "~1") for token in tokens)
+    parsed = pointer_tokens(pointer)
+    expected = parsed[0] if len(parsed) == 1 and not parsed[0].startswith("/") else pointer
+    assert name_of(pointer) == expected
+    assert pointer_of(name_of(pointer)) == pointer
 
 
 async def test_events_sharing_their_set_of_given_members_are_copied_apart() -> None:
