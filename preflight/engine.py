@@ -416,7 +416,7 @@ class _Run:
 
     def record(self, **values: Any) -> ExecutionRecord:
         """A record of this run: what it settled so far, and `values` (the decision and what goes with it)."""
-        return ExecutionRecord.model_validate(
+        return ExecutionRecord.decided(
             {
                 "action_key": self.action_key,
                 "phase": self.phase,

@@ -550,6 +550,53 @@ def event_member(events: Sequence[Any], index: int, name: str) -> Any:
     return getattr(events[index], name)
 
 
+#: The members the engine gives a record (`ExecutionRecord.decided`): the set validation records as given.
+_DECIDED_GIVEN = frozenset(
+    {
+        "action_key",
+        "phase",
+        "fixed",
+        "fields",
+        "advisory_notes",
+        "user_checklist",
+        "unknown_count",
+        "unverified_checklist_count",
+        "gate",
+        "execution_decision",
+        "reason",
+        "timestamp",
+        "admission",
+    }
+)
+_PHASES = frozenset(get_args(Phase))
+_DECISIONS = frozenset(get_args(Decision))
+
+
+def _assemblable(values: dict[str, Any]) -> bool:
+    """Whether validation would pass each of `values` on unchanged (`ExecutionRecord.decided`)."""
+    if values.keys() != _DECIDED_GIVEN:
+        return False
+    action_key, fixed, fields = values["action_key"], values["fixed"], values["fields"]
+    unknown, unverified, admission = values["unknown_count"], values["unverified_checklist_count"], values["admission"]
+    return (
+        (action_key is None or type(action_key) is str)
+        and (values["phase"] is None or (type(values["phase"]) is str and values["phase"] in _PHASES))
+        and (fixed is None or type(fixed) is Fixed)
+        and (fields is None or (type(fields) is list and all(type(f) is FieldRecord for f in fields)))
+        and type(values["advisory_notes"]) is str
+        and type(values["user_checklist"]) is list
+        and (unknown is None or type(unknown) is int)
+        and (unverified is None or type(unverified) is int)
+        and type(values["gate"]) is ValueGate
+        and type(values["execution_decision"]) is str
+        and values["execution_decision"] in _DECISIONS
+        and type(values["reason"]) is str
+        and type(values["timestamp"]) is str
+        and (admission is None or type(admission) is AdmissionVerdict)
+        and plain_json(values["user_checklist"])
+    )
+
+
 class ExecutionRecord(BaseModel):
     """A run's record. Append-only under `action_key`; only `executed` is ever a baseline."""
 
@@ -578,6 +625,46 @@ class ExecutionRecord(BaseModel):
     @model_serializer(mode="wrap")
     def _serialize(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         return _drop_none(handler(self), ("deferred_input", "admission"))
+
+    @classmethod
+    def decided(cls, values: dict[str, Any]) -> ExecutionRecord:
+        """The record of the run's members `values` (the engine's record, `_Run.record`): what
+        `model_validate(values)` gives, assembled without validating where each member is what validation
+        would pass on unchanged -- the members the engine gives (`_DECIDED_GIVEN`), each of its exact type:
+        strings, counts, the literals, a `Fixed`, a list of `FieldRecord`, a `ValueGate` and an
+        `AdmissionVerdict` as they are, and a plain JSON checklist (`preflight.chain.plain_json`; copied, as
+        validation copies it) -- else validated. Every run records once, and validating the record costs
+        several times its assembly (bench/README.md, engine); a property test holds the two equal
+        (`tests/unit/test_hot_path.py`)."""
+        if not _assemblable(values):
+            return cls.model_validate(values)
+        fields = values["fields"]
+        record = cls.__new__(cls)
+        _set(
+            record,
+            "__dict__",
+            {
+                "schema_version": RECORD_SCHEMA_VERSION,
+                "action_key": values["action_key"],
+                "phase": values["phase"],
+                "fixed": values["fixed"],
+                "fields": None if fields is None else list(fields),
+                "advisory_notes": values["advisory_notes"],
+                "user_checklist": orjson.loads(orjson.dumps(values["user_checklist"])),
+                "unknown_count": values["unknown_count"],
+                "unverified_checklist_count": values["unverified_checklist_count"],
+                "gate": values["gate"],
+                "execution_decision": values["execution_decision"],
+                "reason": values["reason"],
+                "timestamp": values["timestamp"],
+                "deferred_input": None,
+                "admission": values["admission"],
+            },
+        )
+        _set(record, "__pydantic_fields_set__", set(_DECIDED_GIVEN))
+        _set(record, "__pydantic_extra__", None)
+        _set(record, "__pydantic_private__", {"_run": None, "_events": (), "_erased": ()})
+        return record
 
     def as_json(self) -> dict[str, Any]:
         """`model_dump(mode="json")`, the same dict in the same key order, written from its parts' own

@@ -42,8 +42,10 @@ from preflight.hooks import LookupContext
 from preflight.lookup import _too_deep, json_value
 from preflight.records import (
     RECORD_SCHEMA_VERSION,
+    AdmissionVerdict,
     ExecutionRecord,
     FieldRecord,
+    Fixed,
     KeptEvents,
     ValueGate,
     event_member,
@@ -352,6 +354,115 @@ def test_a_value_gates_and_a_records_json_are_their_models_dumps(diag: Any, chec
         }
     )
     _written_as_dumped(record.as_json(), record.model_dump(mode="json"))
+
+
+_FIXED = st.none() | st.builds(
+    Fixed,
+    c1_when_case=st.sampled_from([None, "immediate"]),
+    c2_user_action_name=_TEXT,
+    c3_provider_action_name=_TEXT,
+)
+_FOUND = st.builds(
+    FieldRecord.found,
+    st.text(min_size=1, max_size=4),
+    st.integers() | st.text(max_size=4),
+    st.sampled_from(["user_answer", "instruction", "pre_set_data"]),
+    st.text(max_size=4),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    action_key=_TEXT,
+    phase=st.sampled_from([None, "at_instruction", "at_trigger"]),
+    fixed=_FIXED,
+    fields=st.none() | st.lists(_FOUND, max_size=3),
+    advisory=st.text(max_size=4),
+    checklist=st.lists(_JSON, max_size=3),
+    counts=st.tuples(st.none() | st.integers() | st.booleans(), st.none() | st.integers()),
+    diag=st.none() | st.dictionaries(st.text(max_size=4), _JSON, max_size=2),
+    decision=st.sampled_from(["execute", "ask_user", "hold", "deferred", "executed"]),
+    texts=st.tuples(st.text(max_size=6), st.text(max_size=6)),
+    admission=st.none()
+    | st.builds(
+        AdmissionVerdict,
+        effect_class=st.text(max_size=3),
+        status=st.just("ok"),
+        code=st.just("c"),
+        correlation_id=_TEXT,
+    ),
+)
+def test_a_decided_record_is_what_validation_gives(
+    action_key: Any,
+    phase: Any,
+    fixed: Any,
+    fields: Any,
+    advisory: str,
+    checklist: list[Any],
+    counts: tuple[Any, Any],
+    diag: Any,
+    decision: str,
+    texts: tuple[str, str],
+    admission: Any,
+) -> None:
+    """`ExecutionRecord.decided` assembles what validating the same members gives (or validates them): equal,
+    the same members given, the same private state, dumped and written alike, the checklist copied alike."""
+    gate = ValueGate.model_validate({"unknown_fields": [], "unverified_checklist": [], "_diag": diag})
+    values = {
+        "action_key": action_key,
+        "phase": phase,
+        "fixed": fixed,
+        "advisory_notes": advisory,
+        "user_checklist": checklist,
+        "timestamp": texts[0],
+        "fields": fields,
+        "unknown_count": counts[0],
+        "unverified_checklist_count": counts[1],
+        "gate": gate,
+        "execution_decision": decision,
+        "reason": texts[1],
+        "admission": admission,
+    }
+    decided = ExecutionRecord.decided(dict(values))
+    validated = ExecutionRecord.model_validate(dict(values))
+    assert decided == validated
+    assert list(decided.__dict__.items()) == list(validated.__dict__.items())
+    assert decided.model_fields_set == validated.model_fields_set
+    assert decided.__pydantic_extra__ == validated.__pydantic_extra__
+    assert decided.__pydantic_private__ == validated.__pydantic_private__
+    assert decided.model_dump_json() == validated.model_dump_json()
+    assert list(decided.as_json().items()) == list(validated.as_json().items())
+    assert decided.user_checklist is not checklist  # a copy, as validation makes one
+    assert decided.fields is not fields or fields is None
+    assert decided.with_run_ref(None) == validated.with_run_ref(None)
+
+
+def test_a_decided_record_of_members_validation_would_refuse_is_validated() -> None:
+    """Members that are not what `decided` may take unchecked are validated, and refused as validation refuses."""
+    gate = ValueGate(unknown_fields=[], unverified_checklist=[])
+    good = {
+        "action_key": "k",
+        "phase": "at_trigger",
+        "fixed": None,
+        "advisory_notes": "",
+        "user_checklist": [],
+        "timestamp": "t",
+        "fields": None,
+        "unknown_count": 0,
+        "unverified_checklist_count": 0,
+        "gate": gate,
+        "execution_decision": "execute",
+        "reason": "r",
+        "admission": None,
+    }
+    for member, bad in [
+        ("execution_decision", "go"),
+        ("phase", "later"),
+        ("user_checklist", [{1: "x"}]),
+        ("reason", 3),
+    ]:
+        with pytest.raises(ValidationError):
+            ExecutionRecord.decided({**good, member: bad})
 
 
 _ANY_VALUE = st.recursive(
