@@ -71,13 +71,13 @@ def _as_mcp_json(raw: Any) -> Any:
     return raw
 
 
-def _orjson_writes(data: Any) -> bool:
-    """True if orjson writes plain JSON `data`: it refuses only a lone surrogate, which UTF-8 cannot hold."""
+def _orjson_sorted(data: Any) -> bytes | None:
+    """orjson's sorted bytes of plain JSON `data`, or None where it refuses it: it refuses only a lone surrogate,
+    which UTF-8 cannot hold."""
     try:
-        orjson.dumps(data)
+        return orjson.dumps(data, option=orjson.OPT_SORT_KEYS)
     except TypeError:
-        return False
-    return True
+        return None
 
 
 class Tool(BaseModel):
@@ -124,13 +124,24 @@ class Tool(BaseModel):
 
     # The tool's JSON (`recorded_json`), dumped once, when it is validated.
     _json: dict[str, Any] | None = PrivateAttr(default=None)
+    # Its sorted JSON bytes, written once when it is validated and that JSON is plain (`recorded_canonical`).
+    _canonical: bytes | None = PrivateAttr(default=None)
 
     def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Any:
         """A copy, without the kept dump: a changed copy is dumped from its fields (`recorded_json`)."""
         copied = super().model_copy(update=update, deep=deep)
         if copied.__pydantic_private__ is not None:
             copied.__pydantic_private__["_json"] = None
+            copied.__pydantic_private__["_canonical"] = None
         return copied
+
+    def recorded_canonical(self) -> bytes | None:
+        """The sorted JSON bytes of `recorded_json` (what `preflight.chain.canonical_json` writes of plain JSON:
+        orjson's sorted bytes), written once when the tool was validated; None where that JSON is not plain
+        (then the caller writes it). The run's start digests them (`preflight.engine.started_summary`)."""
+        private = self.__pydantic_private__
+        kept: bytes | None = private.get("_canonical") if private is not None else None
+        return kept
 
     def recorded_json(self) -> dict[str, Any]:
         """The tool as it is recorded: `model_dump(mode="json", by_alias=True)`, dumped once (at validation)
@@ -148,8 +159,11 @@ class Tool(BaseModel):
         """The tool judged must be recordable exactly (its digest goes into the audit trail)."""
         try:
             dumped = self.recorded_json()
-            if not (plain_json(dumped) and _orjson_writes(dumped)):  # the text names the defect
+            written = _orjson_sorted(dumped) if plain_json(dumped) else None
+            if written is None:  # the text names the defect
                 json.dumps(dumped, allow_nan=False, ensure_ascii=False).encode("utf-8")
+            elif self.__pydantic_private__ is not None:
+                self.__pydantic_private__["_canonical"] = written
         except (TypeError, ValueError, RecursionError) as exc:
             raise ValueError(f"tool definition cannot be recorded as JSON ({type(exc).__name__})") from exc
         return self

@@ -12,8 +12,10 @@ bytes are its dump's canonical form. And the shortcuts the hot path takes comput
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import unicodedata
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,11 +26,12 @@ from pydantic import ValidationError
 from preflight import MemoryEventSink, MemoryStorage, create_preflight
 from preflight import scenario as sc
 from preflight.arguments import assemble, name_of, pointer_of, pointer_tokens
-from preflight.engine import Decided, Trace
+from preflight.engine import Decided, Trace, started_summary
 from preflight.errors import EffectUnknownError
 from preflight.events import (
     EVENT_ADAPTER,
     Envelope,
+    digest,
     encode_event,
     encode_message,
     event_canonical_json,
@@ -39,6 +42,7 @@ from preflight.events import (
 )
 from preflight.fingerprint import normalise
 from preflight.hooks import LookupContext
+from preflight.inputs import PreflightInput, Tool
 from preflight.lookup import _too_deep, json_value
 from preflight.records import (
     RECORD_SCHEMA_VERSION,
@@ -463,6 +467,35 @@ def test_a_decided_record_of_members_validation_would_refuse_is_validated() -> N
     ]:
         with pytest.raises(ValidationError):
             ExecutionRecord.decided({**good, member: bad})
+
+
+_TOOLS = [
+    tool
+    for path in sorted((Path(__file__).resolve().parent.parent / "fixtures" / "mcp_tools").glob("*.json"))
+    for tool in json.loads(path.read_text(encoding="utf-8"))["tools"]
+]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    corpus=st.sampled_from(_TOOLS),
+    name=st.text(min_size=1, max_size=6),
+    annotations=st.none() | st.dictionaries(st.text(max_size=4), _JSON, max_size=3),
+)
+def test_a_tools_kept_bytes_digest_as_its_json_does(corpus: dict[str, Any], name: str, annotations: Any) -> None:
+    """The run's start digests the bytes a tool kept when validated (`Tool.recorded_canonical`) where it has
+    them: the digest of its recorded JSON (`canonical_json`), for the real tools' corpus and any name and
+    annotations (floats and lone surrogates keep none; keys from U+E000 up sort alike)."""
+    try:
+        tool = Tool.model_validate({**corpus, "name": name, "annotations": annotations})
+    except ValidationError:
+        return
+    kept = tool.recorded_canonical()
+    if kept is not None:
+        assert "sha256:" + hashlib.sha256(kept).hexdigest() == digest(tool.recorded_json())
+        assert tool.model_copy().recorded_canonical() is None  # a copy is written from its fields
+    parsed = PreflightInput.model_validate({"instruction": "x", "tool": tool})
+    assert started_summary(None, parsed)["tool_digest"] == digest(tool.recorded_json())
 
 
 _ANY_VALUE = st.recursive(
