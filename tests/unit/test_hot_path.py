@@ -444,7 +444,7 @@ def test_a_decided_record_is_what_validation_gives(
 def test_a_decided_record_of_members_validation_would_refuse_is_validated() -> None:
     """Members that are not what `decided` may take unchecked are validated, and refused as validation refuses."""
     gate = ValueGate(unknown_fields=[], unverified_checklist=[])
-    good = {
+    good: dict[str, Any] = {
         "action_key": "k",
         "phase": "at_trigger",
         "fixed": None,
