@@ -342,15 +342,22 @@ async def _text_hook(hooks: Mapping[str, Hook], name: str, *args: Any) -> str:
     return out
 
 
-async def _reason(hooks: Mapping[str, Hook], decision: str, gate: Mapping[str, Any]) -> str:
-    """The optional `format_reason` hook renders; a failing hook falls back to the default rendering."""
-    from preflight.hooks import default_format_reason
+async def _reason(hooks: Mapping[str, Hook], decision: str, gate: ValueGate) -> str:
+    """The optional `format_reason` hook renders, given the gate's JSON; a failing hook falls back to the
+    default rendering. The default hook reads only the gate's two counts (`default_format_reason`): it is
+    answered from the gate's lists without writing the gate's JSON for it (its event and the record's digest
+    write it again)."""
+    from preflight.hooks import counts_reason, default_format_reason
 
+    hook = hooks["format_reason"]
+    if hook is default_format_reason:
+        return counts_reason(decision, len(gate.unknown_fields), len(gate.unverified_checklist))
+    written = gate.as_json()
     try:
-        out = await call(hooks["format_reason"], decision, gate)
+        out = await call(hook, decision, written)
     except Exception:
         out = None
-    return out if isinstance(out, str) and out else default_format_reason(decision, gate)
+    return out if isinstance(out, str) and out else default_format_reason(decision, written)
 
 
 async def decide(
@@ -678,7 +685,7 @@ class _Run:
                 unverified_checklist_count=None,
                 gate=gate,
                 execution_decision="ask_user",
-                reason=await _reason(self.hooks, "ask_user", gate.as_json()),
+                reason=await _reason(self.hooks, "ask_user", gate),
             )
             return self.stop(record, "value", gap_class_for("value", blocking))
         inp = self.inp
@@ -751,7 +758,7 @@ class _Run:
             unverified_checklist_count=len(unverified),
             gate=gate,
             execution_decision=final,
-            reason=await _reason(self.hooks, final, gate.as_json()),
+            reason=await _reason(self.hooks, final, gate),
             admission=admitted,
         )
         if final == "execute":

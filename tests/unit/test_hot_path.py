@@ -11,6 +11,7 @@ bytes are its dump's canonical form. And the shortcuts the hot path takes comput
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import hashlib
 import json
@@ -27,6 +28,7 @@ from preflight import MemoryEventSink, MemoryStorage, create_preflight
 from preflight import scenario as sc
 from preflight.arguments import assemble, name_of, pointer_of, pointer_tokens
 from preflight.engine import Decided, Trace, started_summary
+from preflight.engine import _reason as engine_reason
 from preflight.errors import EffectUnknownError
 from preflight.events import (
     EVENT_ADAPTER,
@@ -41,7 +43,7 @@ from preflight.events import (
     verify_event_hash,
 )
 from preflight.fingerprint import normalise
-from preflight.hooks import LookupContext
+from preflight.hooks import LookupContext, default_format_reason
 from preflight.inputs import PreflightInput, Tool
 from preflight.lookup import _too_deep, json_value
 from preflight.records import (
@@ -467,6 +469,41 @@ def test_a_decided_record_of_members_validation_would_refuse_is_validated() -> N
     ]:
         with pytest.raises(ValidationError):
             ExecutionRecord.decided({**good, member: bad})
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    unknown=st.lists(st.text(min_size=1, max_size=4), max_size=3),
+    unverified=st.lists(st.text(min_size=1, max_size=4), max_size=3),
+    decision=st.sampled_from(["execute", "ask_user"]),
+)
+def test_the_default_reason_is_answered_from_the_gate_as_from_its_json(
+    unknown: list[str], unverified: list[str], decision: str
+) -> None:
+    """The tally answers the default `format_reason` from the gate's lists, without writing its JSON: what the
+    default hook renders from that JSON; another hook still gets the JSON."""
+    gate = ValueGate.model_validate(
+        {
+            "unknown_fields": [{"name": n, "note": None} for n in unknown],
+            "unverified_checklist": [{"id": i, "description": None, "note": None} for i in unverified],
+            "_diag": {"lookup_failures": []},
+        }
+    )
+    given: list[Any] = []
+
+    def other(decision: str, written: Any) -> str:
+        given.append(written)
+        return "other"
+
+    async def both() -> tuple[str, str]:
+        return (
+            await engine_reason({"format_reason": default_format_reason}, decision, gate),
+            await engine_reason({"format_reason": other}, decision, gate),
+        )
+
+    default, custom = asyncio.run(both())
+    assert default == default_format_reason(decision, gate.as_json())
+    assert custom == "other" and given == [gate.as_json()]
 
 
 _TOOLS = [
