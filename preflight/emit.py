@@ -41,7 +41,7 @@ from preflight.events import (
     verify_run,
 )
 from preflight.protect import RunSealer, ValueProtector, open_record
-from preflight.records import ExecutionRecord, KeptEvents, RunRef, ValueGate
+from preflight.records import RECORD_SCHEMA_VERSION, ExecutionRecord, KeptEvents, RunRef, ValueGate
 from preflight.results import as_json, structured_content
 
 Sign = Callable[[Mapping[str, str | None]], Mapping[str, Any]]
@@ -117,8 +117,6 @@ def run_events(
     chain.sealer = sealer
     if sealer is not None and record.fields is not None:
         sealer.arguments_digest = sealer.digest(call_arguments({f.name: f.value for f in record.fields}))
-    from preflight.records import RECORD_SCHEMA_VERSION
-
     chain.add("run_started", {"record_schema_version": RECORD_SCHEMA_VERSION, **trace.started})
     for event_type, payload in trace.steps:  # the steps the decision path took, in its order
         chain.add(event_type, payload)
