@@ -41,7 +41,7 @@ from preflight.events import (
     verify_run,
 )
 from preflight.protect import RunSealer, ValueProtector, open_record
-from preflight.records import ExecutionRecord, KeptEvents, RunRef, ValueGate
+from preflight.records import RECORD_SCHEMA_VERSION, ExecutionRecord, KeptEvents, RunRef, ValueGate
 from preflight.results import as_json, structured_content
 
 Sign = Callable[[Mapping[str, str | None]], Mapping[str, Any]]
@@ -67,7 +67,10 @@ class _Chain:
         self.seq = 0
         self.sealer: RunSealer | None = None
 
-    def add(self, event_type: str, **payload: Any) -> None:
+    def add(self, event_type: str, payload: dict[str, Any]) -> None:
+        """Seal the event of `event_type` with `payload` (its own members, in order; not changed) as the
+        chain's next link. The payload is taken as a dict, not as keywords: a run's payloads are built
+        once and copied once, into the event's fields."""
         if self.sealer is not None:  # a protected run: values sealed before the event is hashed
             payload = self.sealer.payload(event_type, payload)
         fields = {
@@ -114,11 +117,9 @@ def run_events(
     chain.sealer = sealer
     if sealer is not None and record.fields is not None:
         sealer.arguments_digest = sealer.digest(call_arguments({f.name: f.value for f in record.fields}))
-    from preflight.records import RECORD_SCHEMA_VERSION
-
-    chain.add("run_started", record_schema_version=RECORD_SCHEMA_VERSION, **trace.started)
+    chain.add("run_started", {"record_schema_version": RECORD_SCHEMA_VERSION, **trace.started})
     for event_type, payload in trace.steps:  # the steps the decision path took, in its order
-        chain.add(event_type, **payload)
+        chain.add(event_type, payload)
 
     gate = record.gate
     gate_json = (
@@ -132,17 +133,21 @@ def run_events(
         gate_kind = (gate_json or {}).get("kind") or _GATELESS_KIND.get(trace.gate_name, "value_gate")
         chain.add(
             "gate_blocked",
-            gate_name=trace.gate_name,
-            kind=gate_kind,
-            decision=decision,
-            gap_class=trace.gap_class,
-            unknown_fields=[f["name"] for f in (gate_json or {}).get("unknown_fields", [])],
-            unverified_items=[i["id"] for i in (gate_json or {}).get("unverified_checklist", [])],
-            gate=gate_json,
+            {
+                "gate_name": trace.gate_name,
+                "kind": gate_kind,
+                "decision": decision,
+                "gap_class": trace.gap_class,
+                "unknown_fields": [f["name"] for f in (gate_json or {}).get("unknown_fields", [])],
+                "unverified_items": [i["id"] for i in (gate_json or {}).get("unverified_checklist", [])],
+                "gate": gate_json,
+            },
         )
     elif decision == "deferred":
         assert record.deferred_input is not None
-        chain.add("run_deferred", pending_fields=trace.deferred_pending, deferred_input=dict(record.deferred_input))
+        chain.add(
+            "run_deferred", {"pending_fields": trace.deferred_pending, "deferred_input": dict(record.deferred_input)}
+        )
     elif decision == "execute":
         assert trace.arguments is not None and record.fixed is not None and gate_json is not None
         decision_id = new_id()
@@ -160,28 +165,32 @@ def run_events(
             signed["signature"] = dict(sign(fields))
         chain.add(
             "execution_approved",
-            decision_id=decision_id,
-            tool_name=tool_name,
-            arguments_digest=arguments_digest,
-            gate=gate_json,
-            **signed,
+            {
+                "decision_id": decision_id,
+                "tool_name": tool_name,
+                "arguments_digest": arguments_digest,
+                "gate": gate_json,
+                **signed,
+            },
         )
     else:  # pragma: no cover - decide() never yields executed/failed
         raise ValueError(f"a run cannot decide {decision!r}")
 
     chain.add(
         "run_closed",
-        decision=decision,
-        event_count=chain.seq + 1,
-        last_hash=chain.prev,
-        record={
-            "schema_version": record.schema_version,
-            "advisory_notes": record.advisory_notes,
-            "unknown_count": record.unknown_count,
-            "unverified_checklist_count": record.unverified_checklist_count,
-            "fields_computed": record.fields is not None,
-            "reason": record.reason,
-            "timestamp": record.timestamp,
+        {
+            "decision": decision,
+            "event_count": chain.seq + 1,
+            "last_hash": chain.prev,
+            "record": {
+                "schema_version": record.schema_version,
+                "advisory_notes": record.advisory_notes,
+                "unknown_count": record.unknown_count,
+                "unverified_checklist_count": record.unverified_checklist_count,
+                "fields_computed": record.fields is not None,
+                "reason": record.reason,
+                "timestamp": record.timestamp,
+            },
         },
     )
     ref = RunRef(

@@ -711,12 +711,21 @@ class ExecutionRecord(BaseModel):
         return ref
 
     def with_run_ref(self, ref: RunRef | None, events: tuple[Any, ...] | KeptEvents | None = None) -> ExecutionRecord:
-        """A copy of this record that carries `ref` (and the run's events, when given)."""
-        copy = self.model_copy()
-        private = private_attrs(copy)
-        private["_run"] = ref
+        """A copy of this record that carries `ref` (and the run's events, when given).
+
+        The copy `model_copy()` makes (its members' dict, the members set and the private attributes
+        copied, nothing validated), made here by hand: pydantic's costs ~4.5 us, this ~1.5, and the
+        engine makes one a run (bench/README.md, engine)."""
+        cls = type(self)
+        copy = cls.__new__(cls)
+        extra = self.__pydantic_extra__
+        _set(copy, "__dict__", self.__dict__.copy())
+        _set(copy, "__pydantic_extra__", None if extra is None else extra.copy())
+        _set(copy, "__pydantic_fields_set__", self.__pydantic_fields_set__.copy())
+        private = {**private_attrs(self), "_run": ref}
         if events is not None:
             private["_events"] = events
+        _set(copy, "__pydantic_private__", private)
         return copy
 
     @property

@@ -53,8 +53,10 @@ from preflight.records import (
     FieldRecord,
     Fixed,
     KeptEvents,
+    RunRef,
     ValueGate,
     event_member,
+    private_attrs,
 )
 from preflight.signing import DecisionSigner
 
@@ -326,6 +328,27 @@ async def test_a_records_json_is_its_models_dump(path: str, approval: bool) -> N
             _written_as_dumped(record.gate.as_json(), record.gate.model_dump(mode="json"))
         if record.fixed is not None:
             _written_as_dumped(record.fixed.as_json(), record.fixed.model_dump(mode="json"))
+
+
+@pytest.mark.parametrize("path", sorted(PATHS))
+async def test_a_record_carrying_its_run_is_the_copy_model_copy_makes(path: str) -> None:
+    """`ExecutionRecord.with_run_ref` copies by hand what `model_copy` copies: the copy equals pydantic's
+    with the same run and events, and shares no dict or set with the record it was made from."""
+    hooks, given = PATHS[path]
+    state = await create_preflight({**sc.hooks(), **hooks}, MemoryStorage()).run_and_record(sc.transfer(**given))
+    ref = RunRef(run_id="r", last_hash="0" * 64, next_seq=3)
+    events = KeptEvents((b"{}",))
+    ours = state.with_run_ref(ref, events)
+    theirs = state.model_copy()
+    private_attrs(theirs).update(_run=ref, _events=events)
+    assert ours == theirs and type(ours) is type(theirs)
+    assert ours.__dict__ == theirs.__dict__ and ours.__pydantic_fields_set__ == theirs.__pydantic_fields_set__
+    assert ours.__pydantic_extra__ == theirs.__pydantic_extra__
+    assert private_attrs(ours) == private_attrs(theirs)
+    assert ours.__dict__ is not state.__dict__ and ours.__pydantic_fields_set__ is not state.__pydantic_fields_set__
+    assert private_attrs(ours) is not private_attrs(state) and private_attrs(state)["_run"] is not ref
+    kept = state.with_run_ref(None)  # no events given: the record's own kept
+    assert private_attrs(kept)["_events"] is private_attrs(state)["_events"] and kept.run_ref is None
 
 
 @settings(max_examples=200, deadline=None)
