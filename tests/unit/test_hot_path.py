@@ -257,6 +257,19 @@ def test_a_fields_json_is_its_models_dump(
         assert written["value"] is not field.value  # a copy: a hook that changes it changes no record
 
 
+def assert_built_as_validated(built: Any, validated: Any) -> None:
+    """A model assembled without validation (`FieldRecord.found`, `ExecutionRecord.decided`) is the one
+    validation gives: equal, the same members in the same order, the same given set, extras and private
+    state, and the same JSON both ways."""
+    assert built == validated
+    assert list(built.__dict__.items()) == list(validated.__dict__.items())
+    assert built.model_fields_set == validated.model_fields_set
+    assert built.__pydantic_extra__ == validated.__pydantic_extra__
+    assert built.__pydantic_private__ == validated.__pydantic_private__
+    assert built.model_dump_json() == validated.model_dump_json()
+    assert list(built.as_json().items()) == list(validated.as_json().items())
+
+
 @settings(max_examples=400, deadline=None)
 @given(
     name=st.text(min_size=1, max_size=8),
@@ -272,13 +285,7 @@ def test_a_found_field_is_what_validation_gives(name: str, value: Any, source: A
         return
     found = FieldRecord.found(name, value, source, at)
     validated = FieldRecord(name=name, value=value, status="known", source=source, origin_source=source, resolved_at=at)
-    assert found == validated
-    assert list(found.__dict__.items()) == list(validated.__dict__.items())
-    assert found.model_fields_set == validated.model_fields_set
-    assert found.__pydantic_extra__ == validated.__pydantic_extra__
-    assert found.__pydantic_private__ == validated.__pydantic_private__
-    assert found.model_dump_json() == validated.model_dump_json()
-    assert list(found.as_json().items()) == list(validated.as_json().items())
+    assert_built_as_validated(found, validated)
     copied = found.model_copy(update={"proposal": "matched"})
     assert copied == validated.model_copy(update={"proposal": "matched"})
     assert copied.model_fields_set == validated.model_fields_set | {"proposal"}
@@ -454,13 +461,7 @@ def test_a_decided_record_is_what_validation_gives(
     }
     decided = ExecutionRecord.decided(dict(values))
     validated = ExecutionRecord.model_validate(dict(values))
-    assert decided == validated
-    assert list(decided.__dict__.items()) == list(validated.__dict__.items())
-    assert decided.model_fields_set == validated.model_fields_set
-    assert decided.__pydantic_extra__ == validated.__pydantic_extra__
-    assert decided.__pydantic_private__ == validated.__pydantic_private__
-    assert decided.model_dump_json() == validated.model_dump_json()
-    assert list(decided.as_json().items()) == list(validated.as_json().items())
+    assert_built_as_validated(decided, validated)
     assert decided.user_checklist is not checklist  # a copy, as validation makes one
     assert decided.fields is not fields or fields is None
     assert decided.with_run_ref(None) == validated.with_run_ref(None)
