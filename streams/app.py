@@ -44,7 +44,7 @@ import faust
 from aiokafka.client import AIOKafkaClient
 from aiokafka.protocol.admin import DescribeGroupsRequest
 from aiokafka.protocol.group import LeaveGroupRequest
-from faust.types import TP, Message
+from faust.types import TP
 from faust.web import Request, Response, View
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -108,16 +108,30 @@ class FoldTable(faust.Table[str, Any]):
     #: Since the process started: the changelog records `on_rebalance` restored, and the seconds it took.
     restored_records = 0
     restore_s = 0.0
+    #: Since the process started: restores that failed (this reader's, or of the changelog's tail), each
+    #: left to a slower path (Faust's recovery; the fold catching up from the log).
+    restore_failures = 0
+
+    def _serializer_from_type(self, typ: Any) -> str:
+        """Keys and values pass through Faust as bytes: the worker writes its changelog's records itself
+        (`Folder._send_changelog`) and every reader of them decodes them with `restore_raw`. (Faust's choice
+        for a ``str`` key, JSON, does not read the UTF-8 keys written there.)"""
+        return "raw"
 
     def apply_changelog_batch(self, batch: Iterable[Any]) -> None:
+        """Faust's recovery, when the table's own reader could not restore it (`on_rebalance`)."""
         for event in batch:
-            self._restore(event.message.partition, event.key, event.value)
+            self.restore_raw(event.message.partition, event.message.key, event.message.value)
 
-    def _restore(self, partition: int, key: Any, value: Any) -> None:
+    def restore_raw(self, partition: int, key: bytes | None, value: bytes | None) -> None:
+        """Apply one changelog record as the broker holds it (the only decoding of the changelog)."""
+        self._restore(partition, _changelog_key(key), decode_changelog_value(value))
+
+    def _restore(self, partition: int, key: str | None, value: Any) -> None:
         store = self.data
         data = store.data  # the memory store's dict (the worker's store is memory://)
         owner = getattr(store, "_key_partition", None)  # the memory store's record of each key's partition
-        if not isinstance(key, str):
+        if key is None:
             return
         changed = restore_record(data, key, value)
         if changed is not None and owner is not None:
@@ -151,11 +165,12 @@ class FoldTable(faust.Table[str, Any]):
                 for start in range(0, end, _RESTORE_CHUNK):
                     for item in await self.reader.read(partition, start, min(end, start + _RESTORE_CHUNK)):
                         if isinstance(item, Incoming):  # else compacted away: a later write of the key follows
-                            self._restore(partition, _changelog_key(item.key), decode_changelog_value(item.value))
+                            self.restore_raw(partition, item.key, item.value)
                             records += 1
                 if end > 0:
                     restored[partition] = end - 1
         except Exception:
+            self.restore_failures += 1
             log.exception("restoring the table from its changelog failed: Faust's recovery restores it instead")
             return
         self.restored_to = restored
@@ -350,6 +365,7 @@ class Folder:
         self.failed_batches = 0
         self.commit_failures = 0
         self.store_failures = 0
+        self.tail_records = 0  # changelog records past the broker's listed end applied (`restore_tail`)
         #: Since the process started: the batches stored, the seconds their writes took to be acknowledged
         #: and committed, and the seconds the fold waited for them (the rest overlapped the next fold).
         self.stores = 0
@@ -456,6 +472,7 @@ class Folder:
         try:
             await self.restore_tail(owned)
         except Exception:
+            self.table.restore_failures += 1
             log.exception("reading the changelog's tail failed: the fold catches up from the log instead")
         self.restored = {p: self.progress(p).offset for p in sorted(owned)}
         log.info("restored: folded up to %s", self.restored)
@@ -497,16 +514,16 @@ class Folder:
             start, end = max(read_to + 1, 0), ends.get(partition, 0)
             if start >= end:
                 continue
-            events = []
+            records = 0
             for item in await self.changelog.read(partition, start, end):
                 if isinstance(item, Missing):
                     continue  # compacted away: a later write of the same key follows
-                message = Message(topic, partition, item.offset, 0.0, 0, None, item.key, item.value, None, tp=tp)
-                events.append(await self.table.changelog_topic.decode(message, propagate=True))
-            self.table.apply_changelog_batch(events)
-            applied += len(events)
+                self.table.restore_raw(partition, item.key, item.value)
+                records += 1
+            applied += records
+            self.tail_records += records
             log.info(
-                "partition %d: applied the changelog's tail %d..%d (%d records)", partition, start, end - 1, len(events)
+                "partition %d: applied the changelog's tail %d..%d (%d records)", partition, start, end - 1, records
             )
         if applied:
             log.info("restored %d changelog records past the broker's listed end", applied)
@@ -967,6 +984,8 @@ class Folder:
                 "batch_wait_s": round(self.batch_wait_s, 3),
                 "rebalances": self.rebalances,
                 "restored_records": getattr(self.table, "restored_records", None),
+                "tail_records": self.tail_records,
+                "restore_failures": getattr(self.table, "restore_failures", None),
                 "restore_s": getattr(self.table, "restore_s", None),
                 "first_fold_at": self.first_fold_at,
                 "last_fold_at": self.last_fold_at,

@@ -7,14 +7,27 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
+from faust.types import TP, Message
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from preflight.fold import RECENT_RUNS_PER_KEY, baseline_json, restore_part
 from preflight.testing import rechained
-from streams.batch import Incoming, Missing, Progress, fold_partition, progress_key, restore_record
+from streams.app import FoldTable, create_app
+from streams.batch import (
+    Incoming,
+    Missing,
+    Progress,
+    encode_changelog_value,
+    fold_partition,
+    progress_key,
+    restore_record,
+)
+from streams.settings import WorkerSettings
 from tests.unit.test_fold import KEY, history
 
 TOPIC = "events"
@@ -62,7 +75,7 @@ def recovered(changelog: list[tuple[str, str]]) -> tuple[dict[str, Any], Progres
     return table, Progress.from_json(table.get(progress_key(0)))
 
 
-def comparable(table: dict[str, Any]) -> str:
+def comparable(table: Mapping[str, Any]) -> str:
     """The keys' states (not the progress, which `recovered` returns apart), as JSON."""
     return json.dumps({k: v for k, v in table.items() if k.startswith("k:")}, sort_keys=True)
 
@@ -132,3 +145,50 @@ def test_a_stop_between_any_two_writes_changes_nothing(sizes: list[int]) -> None
             again.fold(values[progress.offset + 1 :], progress.offset + 1)
         assert again.progress == whole.progress, cut
         assert comparable(again.table) == comparable(whole.table), cut
+
+
+class TestTheTablesReaders:
+    """Every reader of the changelog -- the table's own (`FoldTable.on_rebalance`), the tail read past the
+    broker's listed end (`Folder.restore_tail`) and Faust's recovery, left to when the first fails -- decodes
+    the records as the worker writes them (`Folder._fold_partition`: the key as UTF-8, the value as JSON)."""
+
+    @staticmethod
+    def records() -> tuple[Worker, list[tuple[bytes, bytes | None]]]:
+        worker = Worker()
+        for offset, value in enumerate(VALUES[:30]):
+            worker.fold([value], offset)
+        raw: list[tuple[bytes, bytes | None]] = [
+            (key.encode(), encode_changelog_value(json.loads(value))) for key, value in worker.changelog
+        ]
+        return worker, raw
+
+    @staticmethod
+    def table(tmp_path: Path) -> FoldTable:
+        app = create_app(WorkerSettings(data_dir=tmp_path, app_id="storage-readers", events_topic="events"))
+        table = app.tables["fold"]
+        assert isinstance(table, FoldTable)
+        return table
+
+    def test_fausts_recovery_reads_the_worker_s_records(self, tmp_path: Path) -> None:
+        worker, raw = self.records()
+        table = self.table(tmp_path)
+        topic = table.changelog_topic.get_topic_name()
+
+        async def decoded() -> list[Any]:
+            return [
+                await table.changelog_topic.decode(
+                    Message(topic, 0, offset, 0.0, 0, None, key, value, None, tp=TP(topic, 0)), propagate=True
+                )
+                for offset, (key, value) in enumerate(raw)
+            ]
+
+        table.apply_changelog_batch(asyncio.run(decoded()))
+        assert comparable(table.data.data) == comparable(worker.table)
+        assert Progress.from_json(table.data.data[progress_key(0)]) == worker.progress
+
+    def test_the_raw_records_read_by_the_table_itself(self, tmp_path: Path) -> None:
+        worker, raw = self.records()
+        table = self.table(tmp_path)
+        for key, value in [*raw, (b"\xff not a key this worker writes", b"{}")]:
+            table.restore_raw(0, key, value)
+        assert comparable(table.data.data) == comparable(worker.table)
