@@ -36,6 +36,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
+import json
 import os
 import socket
 import statistics
@@ -106,6 +108,8 @@ class Pair:
             "code": p["call"] - p["upstream"] - ack,
             "hops": self.gateway - p["call"],
             "added": self.added,
+            "direct": self.direct,
+            "upstream_in": p["upstream"],
         }
 
 
@@ -116,6 +120,8 @@ PHASES = {
     "code": "engine and gateway code",
     "hops": "MCP hops (client to gateway and back)",
     "added": "added (gateway less direct)",
+    "direct": "(the direct call)",
+    "upstream_in": "(the upstream's answer inside the gateway)",
 }
 
 
@@ -322,6 +328,8 @@ def warm_phases(m: Measured) -> dict[str, float]:
         "code": parts["call"] - parts["upstream"] - ack,
         "hops": through - parts["call"],
         "added": through - direct,
+        "direct": direct,
+        "upstream_in": parts["upstream"],
     }
 
 
@@ -333,6 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--starts", type=int, default=3, help="fresh starts whose first calls are timed")
     parser.add_argument("--idle-pairs", type=int, default=3, help="pairs timed after an idle pause, at the end")
     parser.add_argument("--idle-s", type=float, default=2.0, help="the idle pause before each of those pairs")
+    parser.add_argument("--json", type=Path, help="also write each start's pairs (ms, and the gateway's parts) here")
     ns = parser.parse_args(argv)
     load = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp, EmbeddedBroker() as broker:
@@ -342,6 +351,8 @@ def main(argv: list[str] | None = None) -> int:
                 ns.calls, ns.warmup, broker.bootstrap_servers, Path(tmp), ns.floor, ns.starts, ns.idle_pairs, ns.idle_s
             )
         )
+    if ns.json is not None:
+        ns.json.write_text(json.dumps({"load": load, "starts": [dataclasses.asdict(s) for s in m.starts]}))
     plain, through = m.plain, m.through
     p50 = (percentile(plain, 0.5), percentile(through, 0.5))
     p99 = (percentile(plain, 0.99), percentile(through, 0.99))
