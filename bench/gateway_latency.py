@@ -46,7 +46,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 import httpx
 from mcp import ClientSession, StdioServerParameters, stdio_client
@@ -110,6 +110,8 @@ class Pair:
             "added": self.added,
             "direct": self.direct,
             "upstream_in": p["upstream"],
+            "client_direct": p["client_direct"],
+            "client_gateway": p["client_gateway"],
         }
 
 
@@ -122,6 +124,8 @@ PHASES = {
     "added": "added (gateway less direct)",
     "direct": "(the direct call)",
     "upstream_in": "(the upstream's answer inside the gateway)",
+    "client_direct": "(the client's own time, direct call)",
+    "client_gateway": "(the client's own time, gateway call)",
 }
 
 
@@ -170,7 +174,9 @@ async def pair(d: ClientSession, g: ClientSession, metrics: str) -> Pair:
     before the pair reaches the gateway's process as it does in both."""
     before = await scrape(metrics)
     direct = await timed(d)
+    direct_client = client_ms(d)
     gateway = await timed(g)
+    gateway_client = client_ms(g)
     ack = SUMS["ack"] + "_count"
     deadline = time.monotonic() + 10.0
     while True:
@@ -181,6 +187,7 @@ async def pair(d: ClientSession, g: ClientSession, metrics: str) -> Pair:
         await asyncio.sleep(0.01)
     parts = {k: 1000.0 * (after[m + "_sum"] - before.get(m + "_sum", 0.0)) for k, m in SUMS.items()}
     parts["publishes"] = publishes
+    parts["client_direct"], parts["client_gateway"] = direct_client, gateway_client
     return Pair(direct, gateway, parts)
 
 
@@ -193,10 +200,63 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
+class Clocked:
+    """A session's transport streams, noting when the client last handed a message to the transport and last
+    took one from it: the client's own time in a call is its time before the request leaves and after the
+    answer arrives (the SDK's session: building the request, checking the result against the tool's output
+    schema), apart from the wire and the server."""
+
+    def __init__(self, read: Any, write: Any) -> None:
+        self.read, self.write = read, write
+        self.sent = self.received = 0.0
+        self.last = 0.0  # the client's own time in the last timed call, ms
+
+    async def send(self, message: Any) -> None:
+        self.sent = time.perf_counter()
+        await self.write.send(message)
+
+    async def receive(self) -> Any:
+        message = await self.read.receive()
+        self.received = time.perf_counter()
+        return message
+
+    def __aiter__(self) -> Clocked:
+        return self
+
+    async def __anext__(self) -> Any:
+        message = await self.read.__anext__()
+        self.received = time.perf_counter()
+        return message
+
+    async def __aenter__(self) -> Clocked:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.read.aclose()
+        await self.write.aclose()
+
+    async def aclose(self) -> None:
+        await self.read.aclose()
+        await self.write.aclose()
+
+
+#: Each bench session's clocked streams.
+CLOCKS: dict[int, Clocked] = {}
+
+
+def client_ms(session: ClientSession) -> float:
+    """The client's own time in `session`'s last timed call, ms (0 for a session that is not clocked)."""
+    clock = CLOCKS.get(id(session))
+    return clock.last if clock is not None else 0.0
+
+
 async def timed(session: ClientSession, meta: RequestParamsMeta | None = None) -> float:
     start = time.perf_counter()
     result = await session.call_tool("get_current_time", ARGS, meta=meta)
     elapsed = time.perf_counter() - start
+    clock = CLOCKS.get(id(session))
+    if clock is not None and start <= clock.sent <= clock.received:
+        clock.last = 1000.0 * ((clock.sent - start) + (start + elapsed - clock.received))
     if result.is_error:
         raise RuntimeError(f"the call failed: {result.content}")
     return elapsed * 1000.0
@@ -220,7 +280,9 @@ async def session_of(stack: contextlib.AsyncExitStack, params: StdioServerParame
     """A session with a freshly started server, initialised and its tools listed, as a client does before its
     first call (the SDK's session otherwise lists them inside the first call, counted as the server's)."""
     read, write = await stack.enter_async_context(stdio_client(params, errlog=errlog))
-    session = await stack.enter_async_context(ClientSession(read, write))
+    clock = Clocked(read, write)
+    session = await stack.enter_async_context(ClientSession(clock, clock))
+    CLOCKS[id(session)] = clock
     await session.initialize()
     await session.list_tools()
     return session
@@ -330,6 +392,8 @@ def warm_phases(m: Measured) -> dict[str, float]:
         "added": through - direct,
         "direct": direct,
         "upstream_in": parts["upstream"],
+        "client_direct": float("nan"),
+        "client_gateway": float("nan"),
     }
 
 
@@ -389,7 +453,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"    {'phase':44s} {'first':>7s} {'idle':>7s} {'first-idle':>10s} {'warm':>7s}")
     for key, name in PHASES.items():
         cells = f"{idle[key]:7.2f} {first[key] - idle[key]:10.2f}" if idle else f"{'-':>7s} {'-':>10s}"
-        print(f"    {name:44s} {first[key]:7.2f} {cells} {warm[key]:7.2f}")
+        print(f"    {name:44s} {first[key]:7.2f} {cells} {warm[key]:7.2f}".replace("    nan", "      -"))
     first_added = first["added"]
     if idle:
         clause = ratio(first_added, idle["added"])
