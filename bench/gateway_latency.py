@@ -12,11 +12,17 @@ answer.
 Prints: the **first call after a start**, each side's, for `--starts` fresh starts (default 3) of both the
 upstream called directly and the gateway (with its own fresh upstream; the gateway's after its warm-up),
 after the client process has made one call of its own (its first session's one-time imports then fall on
-neither side), on a deployment whose user has run before (the user's sealing key exists). The first
-call's **added** time is the gateway's first call less the direct first call of the same start, like with
-like: each side's upstream is as fresh as the other's. Its median over the starts is printed against the
-warm added p50 and against the added time of `--idle-pairs` pairs (default 3) made on the warmed gateway
-after `--idle-s` seconds (default 2) of idleness, both as ratios against a limit of 1.5x. Then the
+neither side), on a deployment whose user has run before (the user's sealing key exists). Each start then
+makes `--idle-pairs` pairs (default 3) on the same, warmed sessions, each after `--idle-s` seconds (default 2)
+of idleness, timed the same way (the gateway's metrics read before and after each pair). The first call's
+**added** time is the gateway's first call less the direct first call of the same start, like with like:
+each side's upstream, and each side's client session, is as fresh as the other's. The clause "the first
+call is as fast as the later ones" is judged like with like: the first call's added time (median over the
+starts) against the after-idle added time (each start's median, then the median over the starts), with a
+limit of 1.5x; the ratio to the warm added p50 (calls back to back) is printed as information. A table
+splits both by phase (`Pair.phases`: the upstream, one acknowledgement, the engine and the gateway's code,
+the MCP hops; and, as information, the direct call, the upstream's answer inside the gateway, and each
+side's client's own time in the call, from its clocked streams). `--json` writes the raw pairs. Then the
 warm p50/p99 of each side and the **added** p50/p99 per call pair against the limits (3 ms and 8 ms on a
 quiet machine), as ratios; and the **share of each part** of the mean added time, from the gateway's own
 metrics over the measured calls: the broker's acknowledgements a call waits for (``preflight_publish_ack_seconds``:
@@ -112,6 +118,8 @@ class Pair:
             "upstream_in": p["upstream"],
             "client_direct": p["client_direct"],
             "client_gateway": p["client_gateway"],
+            "own": p["call"] - p["upstream"],
+            "wire": self.gateway - p["call"] - p["client_gateway"],
         }
 
 
@@ -126,6 +134,8 @@ PHASES = {
     "upstream_in": "(the upstream's answer inside the gateway)",
     "client_direct": "(the client's own time, direct call)",
     "client_gateway": "(the client's own time, gateway call)",
+    "own": "(the gateway's own: engine, code, awaited ack)",
+    "wire": "(MCP hops less the client's own time)",
 }
 
 
@@ -394,6 +404,8 @@ def warm_phases(m: Measured) -> dict[str, float]:
         "upstream_in": parts["upstream"],
         "client_direct": float("nan"),
         "client_gateway": float("nan"),
+        "own": parts["call"] - parts["upstream"],
+        "wire": float("nan"),
     }
 
 
