@@ -134,7 +134,7 @@ PHASES = {
     "upstream_in": "(the upstream's answer inside the gateway)",
     "client_direct": "(the client's own time, direct call)",
     "client_gateway": "(the client's own time, gateway call)",
-    "own": "(the gateway's own: engine, code, awaited ack)",
+    "own": "(the gateway's own: engine, code, ack)",
     "wire": "(MCP hops less the client's own time)",
 }
 
