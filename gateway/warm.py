@@ -6,9 +6,9 @@ hashing and emitting on first use, the SDK's checks of a ``tools/call`` request 
 compiled adapter per protocol version), and the event sink's first metadata round trip for its topic.
 `warm_up` does all of that before the gateway serves, and nothing else: it calls no upstream tool, asks
 nobody, counts nothing in the gateway's metrics, opens no span (`preflight.tracing.untraced`) and records
-nothing (its scratch runs go to an in-memory sink; the sink's warm-up reads metadata and publishes
-nothing). Each stage that fails is logged by name and skipped: the first call is then slower, and the
-gateway serves all the same.
+nothing (its scratch runs go to an in-memory sink; the sink's warm-up reads metadata, connects to each
+events partition's leader and publishes nothing). Each stage that fails is logged by name and skipped:
+the first call is then slower, and the gateway serves all the same.
 
 What a first call still pays after it is what any call pays after a pause (bench/README.md, "The first
 call, fairly measured").
@@ -52,8 +52,8 @@ async def warm_up(tools: Sequence[Tool], sink: Any = None, *, signer: DecisionSi
     """Compile every tool's input and output schemas, the SDK's checks of a ``tools/call`` request and result,
     run the engine's read and write paths once on scratch ports (signing and checking with the deployment's
     `signer`, sealing under a key of a scratch key store, never the deployment's), and let `sink` (if it has
-    ``warm()``) fetch its topic's metadata. Returns the seconds it took; never raises (a stage that fails is
-    logged, named, and leaves the first call slower, nothing else)."""
+    ``warm()``) fetch its topic's metadata and connect to its partitions' leaders. Returns the seconds it
+    took; never raises (a stage that fails is logged, named, and leaves the first call slower, nothing else)."""
     started = time.perf_counter()
     for tool in tools:
         try:

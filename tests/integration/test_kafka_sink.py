@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
 
 from infra._process import free_port
 from infra.brokers import ENV_VAR, Broker, create_topics, delete_topics
@@ -130,10 +131,10 @@ def _consumed(message: Any) -> Consumed:
     )
 
 
-async def end_offset(bootstrap: str, topic: str) -> int:
-    """The next offset partition 0 of `topic` will get."""
+async def end_offset(bootstrap: str, topic: str, number: int = 0) -> int:
+    """The next offset partition `number` (0 unless named) of `topic` will get."""
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None)
-    partition = TopicPartition(topic, 0)
+    partition = TopicPartition(topic, number)
     consumer.assign([partition])
     await consumer.start()
     try:
@@ -204,6 +205,26 @@ class TestKafkaEventSink:
         assert _dump(rebuild_record(run.events)) == _dump(state)
         assert _dump(rebuild_record([*run.events, *tail.events])) == _dump(outcome.state)
         assert _dump(rebuild_record([*run.events, *tail.events])) == _dump(storage.history(KEY)[-1])
+
+    async def test_warm_connects_to_every_partitions_leader_and_publishes_nothing(
+        self, broker: Broker, topic_name: str
+    ) -> None:
+        await create_topics(broker.bootstrap_servers, [topic_name], partitions=3)
+        try:
+            async with KafkaEventSink(broker.bootstrap_servers, topic_name) as started:
+                connected = await started.warm()
+            admin = AIOKafkaAdminClient(bootstrap_servers=broker.bootstrap_servers)
+            await admin.start()
+            try:
+                (described,) = await admin.describe_topics([topic_name])
+            finally:
+                await admin.close()
+            leaders = {int(p["leader"]) for p in described["partitions"]}
+            assert len(described["partitions"]) == 3
+            assert connected == leaders  # every leader's connection, as the broker names the leaders
+            assert [await end_offset(broker.bootstrap_servers, topic_name, p) for p in range(3)] == [0, 0, 0]
+        finally:
+            await delete_topics(broker.bootstrap_servers, [topic_name])
 
     async def test_a_run_without_action_key_is_keyed_unkeyed(self, broker: Broker, sink: KafkaEventSink) -> None:
         pf = create_preflight(
