@@ -121,7 +121,8 @@ class Tool(BaseModel):
     @property
     def input_schema_json(self) -> dict[str, Any] | None:
         """The input schema exactly as given (every keyword, `$defs` included), or None if it never arrived:
-        dumped once a tool (it is frozen), then kept. Read it, never change it."""
+        dumped once, when the tool is validated (it is frozen; a copy dumps it when first asked). Read it, never
+        change it."""
         if self.input_schema is None:
             return None
         private = self.__pydantic_private__
@@ -143,7 +144,7 @@ class Tool(BaseModel):
     _json: dict[str, Any] | None = PrivateAttr(default=None)
     # Its sorted JSON bytes, written once when it is validated and that JSON is plain (`recorded_canonical`).
     _canonical: bytes | None = PrivateAttr(default=None)
-    # Its input schema's JSON (`input_schema_json`), dumped the first time it is asked for.
+    # Its input schema's JSON (`input_schema_json`), dumped once when it is validated.
     _schema_json: dict[str, Any] | None = PrivateAttr(default=None)
 
     def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Any:
@@ -184,6 +185,7 @@ class Tool(BaseModel):
                 json.dumps(dumped, allow_nan=False, ensure_ascii=False).encode("utf-8")
             elif self.__pydantic_private__ is not None:
                 self.__pydantic_private__["_canonical"] = written
+            self.input_schema_json  # noqa: B018 - dumped (and kept) once, with the rest, as the tool is validated
         except (TypeError, ValueError, RecursionError) as exc:
             raise ValueError(f"tool definition cannot be recorded as JSON ({type(exc).__name__})") from exc
         return self
