@@ -650,8 +650,9 @@ def test_a_plan_without_a_proposal_is_planned_alike_again(corpus: dict[str, Any]
         return
     names = sorted(schema.get("properties") or {})
     required = [names[i % len(names)] for i in picked] if names else []
-    plans = []
-    for proposal in (None, None, {}):
+    plans: list[Any] = []
+    proposals: tuple[dict[str, Any] | None, ...] = (None, None, {})
+    for proposal in proposals:
         try:
             plan = plan_call(schema, list(dict.fromkeys(required)), proposal)
         except Exception as exc:  # refused alike every time
