@@ -766,8 +766,10 @@ def _tool_definition(tool: Any) -> Tool | None:
 
 def _record_digest(state: ExecutionRecord) -> str:
     """The digest of `state`'s JSON (`model_dump(mode="json")`, written by `ExecutionRecord.as_json`): taken
-    when an `execute` decision is recorded and again when it is acted on."""
-    return digest(state.as_json())
+    when an `execute` decision is recorded and again when it is acted on; written at once where that JSON is
+    known plain (`ExecutionRecord.written`)."""
+    written, plain = state.written()
+    return digest(written, plain=plain)
 
 
 def _foreign_state_problem(

@@ -68,6 +68,8 @@ MAX_REF_HOPS = 32
 VALIDATOR_CACHE = 256
 #: How many leaves' compiled validators a schema keeps.
 LEAF_VALIDATOR_CACHE = 1024
+#: How many plans without a proposal (one per list of required arguments) a schema keeps.
+PLAN_CACHE = 64
 
 ArgumentsErrorKind = Literal[
     "schema_invalid",
@@ -181,6 +183,9 @@ class _Compiled:
     #: Compiled validators of the leaves' schemas, by leaf name (a leaf's schema is a function of the
     #: schema and its pointer): (the schema it was compiled from, the validator or None).
     leaves: dict[str, tuple[Mapping[str, Any], Any]] = field(default_factory=dict)
+    #: The leaves of a call without a proposal, by its required arguments (`plan_call`): a function of the
+    #: schema and those names alone.
+    plans: dict[tuple[str, ...], tuple[Leaf, ...]] = field(default_factory=dict)
 
     def leaf_validator(self, leaf: Leaf) -> Any:
         """The compiled validator of `leaf`'s schema, as `jsonschema` reads it (with the root's draft), or
@@ -444,7 +449,12 @@ def plan_call(schema: Mapping[str, Any], required: Sequence[str], proposal: Any 
     :raises ArgumentsError: the schema or the proposal is unusable (see the module doc).
     """
     compiled = _compile(schema)
-    if proposal is not None and not isinstance(proposal, Mapping):
+    names = tuple(required)
+    if proposal is None:
+        kept = compiled.plans.get(names)
+        if kept is not None:
+            return CallPlan(kept, schema, compiled)
+    elif not isinstance(proposal, Mapping):
         raise ArgumentsError("proposal_invalid", f"the proposed arguments are a JSON {type(proposal).__name__}")
     planner = _Planner(compiled)
     root = planner.resolve(schema)
@@ -454,7 +464,10 @@ def plan_call(schema: Mapping[str, Any], required: Sequence[str], proposal: Any 
             raise ArgumentsError("proposal_invalid", "an argument name is not a string")
         sub = _Planner.child_schema(root, key, "")
         planner.visit(sub, given.get(key, MISSING), "/" + _escape(key), 1)
-    return CallPlan(tuple(planner.leaves), schema, compiled)
+    leaves = tuple(planner.leaves)
+    if proposal is None and len(compiled.plans) < PLAN_CACHE:
+        compiled.plans[names] = leaves
+    return CallPlan(leaves, schema, compiled)
 
 
 def proposal_status(leaf: Leaf, known: bool, value: Any) -> Literal["matched", "diverged", "absent"]:

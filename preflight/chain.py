@@ -84,7 +84,7 @@ ChainFault = Literal["seq_gap", "broken_link", "close_mismatch", "event_after_cl
 LEGACY_HASH_VERSIONS = frozenset({1, 2})
 
 
-def canonical_json(data: Any) -> bytes:
+def canonical_json(data: Any, *, plain: bool = False) -> bytes:
     """The form events of versions 1 and 2 were hashed over (and digests and signed texts are taken over):
     sorted keys (by code point), no spaces, UTF-8, no NaN, floats as Python's `repr`, integers of any size.
 
@@ -92,12 +92,15 @@ def canonical_json(data: Any) -> bytes:
     same escapes) about ten times faster than the standard library (bench/README.md, engine); anything
     else (`_plain`) is written by `json.dumps`. The compiled writer of `native/` (see `jcs`) writes the same
     bytes again where they hold no character from U+E000 up: then every key sorts alike by code point and
-    by UTF-16, and the two forms escape and write strings and 64-bit integers alike."""
-    if _native_jcs is not None:
+    by UTF-16, and the two forms escape and write strings and 64-bit integers alike.
+
+    With `plain`, the caller vouches that `data` is plain JSON (`plain_json`, as its writer knew it): orjson's
+    bytes are written at once, without the compiled writer's walk or `_plain`'s."""
+    if not plain and _native_jcs is not None:
         out = _native_jcs(data)
         if out is not None and (out.isascii() or _HIGH_BYTES.search(out) is None):
             return out
-    if _plain(data, _INT64):
+    if plain or _plain(data, _INT64):
         try:
             return orjson.dumps(data, option=orjson.OPT_SORT_KEYS)
         except TypeError:  # a lone surrogate: json.dumps below names it as before

@@ -380,10 +380,11 @@ EVENT_TYPES: frozenset[str] = frozenset(
 # ---- canonical form and the chain -------------------------------------------------------------------
 
 
-def digest(data: Any) -> str:
+def digest(data: Any, *, plain: bool = False) -> str:
     """`sha256:<hex>` of `data` in sorted JSON (`canonical_json`: arguments and result digests keep the form
-    they were first defined with, so a decision recorded before event version 3 still matches)."""
-    return "sha256:" + hashlib.sha256(canonical_json(data)).hexdigest()
+    they were first defined with, so a decision recorded before event version 3 still matches). `plain`: the
+    caller vouches that `data` is plain JSON (`canonical_json`'s `plain`)."""
+    return "sha256:" + hashlib.sha256(canonical_json(data, plain=plain)).hexdigest()
 
 
 #: Each event type's model, as the union `EVENT_ADAPTER` picks it.

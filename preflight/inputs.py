@@ -14,7 +14,17 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 import orjson
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, JsonValue, PrivateAttr, model_validator
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    PrivateAttr,
+    ValidatorFunctionWrapHandler,
+    field_validator,
+    model_validator,
+)
 
 from preflight.admission import Approval, EnvironmentState, InvocationRecord
 from preflight.chain import plain_json
@@ -110,10 +120,18 @@ class Tool(BaseModel):
 
     @property
     def input_schema_json(self) -> dict[str, Any] | None:
-        """The input schema exactly as given (every keyword, `$defs` included), or None if it never arrived."""
+        """The input schema exactly as given (every keyword, `$defs` included), or None if it never arrived:
+        dumped once, when the tool is validated (it is frozen; a copy dumps it when first asked). Read it, never
+        change it."""
         if self.input_schema is None:
             return None
-        return self.input_schema.model_dump(mode="json", by_alias=True, exclude_unset=True)
+        private = self.__pydantic_private__
+        kept: dict[str, Any] | None = private.get("_schema_json") if private is not None else None
+        if kept is None:
+            kept = self.input_schema.model_dump(mode="json", by_alias=True, exclude_unset=True)
+            if private is not None:
+                private["_schema_json"] = kept
+        return kept
 
     @property
     def output_schema_json(self) -> dict[str, Any] | None:
@@ -126,6 +144,8 @@ class Tool(BaseModel):
     _json: dict[str, Any] | None = PrivateAttr(default=None)
     # Its sorted JSON bytes, written once when it is validated and that JSON is plain (`recorded_canonical`).
     _canonical: bytes | None = PrivateAttr(default=None)
+    # Its input schema's JSON (`input_schema_json`), dumped once when it is validated.
+    _schema_json: dict[str, Any] | None = PrivateAttr(default=None)
 
     def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Any:
         """A copy, without the kept dump: a changed copy is dumped from its fields (`recorded_json`)."""
@@ -133,6 +153,7 @@ class Tool(BaseModel):
         if copied.__pydantic_private__ is not None:
             copied.__pydantic_private__["_json"] = None
             copied.__pydantic_private__["_canonical"] = None
+            copied.__pydantic_private__["_schema_json"] = None
         return copied
 
     def recorded_canonical(self) -> bytes | None:
@@ -164,9 +185,41 @@ class Tool(BaseModel):
                 json.dumps(dumped, allow_nan=False, ensure_ascii=False).encode("utf-8")
             elif self.__pydantic_private__ is not None:
                 self.__pydantic_private__["_canonical"] = written
+            self.input_schema_json  # noqa: B018 - dumped (and kept) once, with the rest, as the tool is validated
         except (TypeError, ValueError, RecursionError) as exc:
             raise ValueError(f"tool definition cannot be recorded as JSON ({type(exc).__name__})") from exc
         return self
+
+
+#: Tools validated from plain JSON, by that JSON's bytes in its own key order (`known_tool`): at most this many,
+#: each at most `TOOL_CACHE_BYTES` long (a larger definition is validated every time).
+TOOL_CACHE = 64
+TOOL_CACHE_BYTES = 64 * 1024
+_TOOLS: dict[bytes, Tool] = {}
+
+
+def known_tool(raw: Any, validate: ValidatorFunctionWrapHandler) -> Any:
+    """`raw` validated as a `Tool` by `validate`, or the tool an earlier run validated from the same JSON.
+
+    A tool's definition does not change between the calls that name it, and validating it is most of a run's
+    input validation (bench/README.md, engine). The same JSON is the same `raw` only where it is plain
+    (`preflight.chain.plain_json`: exact types, so orjson's bytes of it are spelt by one value alone); its
+    bytes are then the key, key order included. A tool is frozen, and shared by the runs that give its JSON:
+    read it, never change it (its kept dumps are shared likewise). Anything else is validated as given."""
+    if type(raw) is not dict or not plain_json(raw):
+        return validate(raw)
+    try:
+        key = orjson.dumps(raw)
+    except TypeError:  # a lone surrogate: validation names it
+        return validate(raw)
+    tool = _TOOLS.get(key)
+    if tool is None:
+        tool = validate(raw)
+        if len(key) <= TOOL_CACHE_BYTES:
+            if len(_TOOLS) >= TOOL_CACHE:
+                _TOOLS.clear()
+            _TOOLS[key] = tool
+    return tool
 
 
 class PreflightInput(BaseModel):
@@ -204,6 +257,11 @@ class PreflightInput(BaseModel):
     # Reserved by the design so adopters implement it alike; deliberately never read, because a flag
     # that says "the user re-selected" would be a bypass switch.
     tool_reselected_by_user: Any = None
+
+    @field_validator("tool", mode="wrap")
+    @classmethod
+    def _known_tool(cls, raw: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        return known_tool(raw, handler)
 
     @property
     def prior_state_given(self) -> bool:

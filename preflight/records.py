@@ -142,6 +142,11 @@ class FieldRecord(BaseModel):
         the policy hook (its event takes the same when the field passes through) and for the record's digest,
         and the model's serializer costs ~10x this (bench/README.md, engine). A test holds the two equal
         (`tests/unit/test_hot_path.py`)."""
+        return self.written()[0]
+
+    def written(self) -> tuple[dict[str, Any], bool]:
+        """`as_json`, and whether it is plain JSON (`preflight.chain.plain_json`; False: not known to be),
+        as it is written: the record's digest writes plain JSON by its fast path (`ExecutionRecord.written`)."""
         d = self.__dict__
         value = d["value"]
         known = d["status"] != "unknown"
@@ -150,13 +155,13 @@ class FieldRecord(BaseModel):
         if known and not scalar:
             if not plain_json(value):
                 dumped: dict[str, Any] = self.model_dump(mode="json")
-                return dumped
+                return dumped, False
             if kind is dict or kind is list:
                 try:
                     value = orjson.loads(orjson.dumps(value))
                 except TypeError:  # a lone surrogate: as the model writes it
                     dumped = self.model_dump(mode="json")
-                    return dumped
+                    return dumped, False
         if known:
             out: dict[str, Any] = {
                 "name": d["name"],
@@ -177,7 +182,7 @@ class FieldRecord(BaseModel):
         for name, key in _FIELD_OPTIONAL:
             if d[name] is not None:
                 out[key] = d[name]
-        return out
+        return out, True
 
 
 #: The optional members of a field's JSON (attribute, key), dropped when None.
@@ -269,6 +274,10 @@ class ValueGate(BaseModel):
         plain JSON (`preflight.chain.plain_json`; copied, as the model's dump copies it). The decision path
         dumps the value gate for the reason hook, for its event and for the record's digest (~8 us each by
         the model's serializer)."""
+        return self.written()[0]
+
+    def written(self) -> tuple[dict[str, Any], bool]:
+        """`as_json`, and whether it is plain JSON (as `FieldRecord.written`)."""
         diag = self.diag
         if diag is not None:
             try:
@@ -277,7 +286,7 @@ class ValueGate(BaseModel):
                 diag = orjson.loads(orjson.dumps(diag))
             except TypeError:  # not plain, or a lone surrogate: as the model writes it
                 dumped: dict[str, Any] = self.model_dump(mode="json")
-                return dumped
+                return dumped, False
         out: dict[str, Any] = {
             "unknown_fields": [{"name": e.name, "note": e.note} for e in self.unknown_fields],
             "unverified_checklist": [
@@ -286,7 +295,7 @@ class ValueGate(BaseModel):
         }
         if diag is not None:
             out["_diag"] = diag
-        return out
+        return out, True
 
 
 class IntentGate(BaseModel):
@@ -672,27 +681,45 @@ class ExecutionRecord(BaseModel):
         (`preflight.chain.plain_json`; those are shared with the record, not copied: read it, never change
         it), else by the model's serializer. The record's digest is taken from it when an `execute` decision
         is recorded and again when it is acted on; a test holds the two equal (`tests/unit/test_hot_path.py`)."""
+        return self.written()[0]
+
+    def written(self) -> tuple[dict[str, Any], bool]:
+        """`as_json`, and whether it is plain JSON (`preflight.chain.plain_json`; False: not known to be): it
+        is where every part was written by its own writer's plain path, the gate a value gate or none, and no
+        admission verdict (those the model's serializer writes). The record's digest takes it
+        (`preflight.api`)."""
         d = self.__dict__
         checklist, deferred, gate, fixed = d["user_checklist"], d["deferred_input"], d["gate"], d["fixed"]
         if not plain_json(checklist) or (deferred is not None and not plain_json(deferred)):
             dumped: dict[str, Any] = self.model_dump(mode="json")
-            return dumped
+            return dumped, False
+        plain = True
         fields = d["fields"]
+        written_fields: list[dict[str, Any]] | None = None
+        if fields is not None:
+            written_fields = []
+            for each in fields:
+                field_json, field_plain = each.written()
+                written_fields.append(field_json)
+                plain = plain and field_plain
+        if gate is None:
+            gate_json = None
+        elif type(gate) is ValueGate:
+            gate_json, gate_plain = gate.written()
+            plain = plain and gate_plain
+        else:
+            gate_json, plain = gate.model_dump(mode="json"), False
         out: dict[str, Any] = {
             "schema_version": d["schema_version"],
             "action_key": d["action_key"],
             "phase": d["phase"],
             "fixed": None if fixed is None else fixed.as_json(),
-            "fields": None if fields is None else [f.as_json() for f in fields],
+            "fields": written_fields,
             "advisory_notes": d["advisory_notes"],
             "user_checklist": checklist,
             "unknown_count": d["unknown_count"],
             "unverified_checklist_count": d["unverified_checklist_count"],
-            "gate": None
-            if gate is None
-            else gate.as_json()
-            if type(gate) is ValueGate
-            else gate.model_dump(mode="json"),
+            "gate": gate_json,
             "execution_decision": d["execution_decision"],
             "reason": d["reason"],
             "timestamp": d["timestamp"],
@@ -701,8 +728,8 @@ class ExecutionRecord(BaseModel):
             out["deferred_input"] = deferred
         admission = d["admission"]
         if admission is not None:
-            out["admission"] = admission.model_dump(mode="json")
-        return out
+            out["admission"], plain = admission.model_dump(mode="json"), False
+        return out, plain
 
     @property
     def run_ref(self) -> RunRef | None:

@@ -31,7 +31,7 @@ fn write(value: &Bound<'_, PyAny>, out: &mut Vec<u8>, depth: usize) -> Option<()
         });
     } else if value.is_exact_instance_of::<PyInt>() {
         let number: i64 = value.extract().ok()?;
-        out.extend_from_slice(number.to_string().as_bytes());
+        integer(number, out);
     } else if value.is_exact_instance_of::<PyDict>() {
         if depth >= JCS_MAX_DEPTH {
             return None;
@@ -44,11 +44,7 @@ fn write(value: &Bound<'_, PyAny>, out: &mut Vec<u8>, depth: usize) -> Option<()
             }
             members.push((key, item));
         }
-        let mut keys: Vec<(&str, usize)> = Vec::with_capacity(members.len());
-        for (index, (key, _)) in members.iter().enumerate() {
-            keys.push((key.cast::<PyString>().ok()?.to_str().ok()?, index));
-        }
-        keys.sort_unstable_by(|(a, _), (b, _)| utf16_order(a, b));
+        let keys = sorted_keys(&members)?;
         out.push(b'{');
         for (position, (key, index)) in keys.iter().enumerate() {
             if position > 0 {
@@ -78,6 +74,36 @@ fn write(value: &Bound<'_, PyAny>, out: &mut Vec<u8>, depth: usize) -> Option<()
     Some(())
 }
 
+/// The keys of `members` (each a `str`) in RFC 8785's order, with each one's index in `members`; None where a
+/// key is a lone surrogate. Keys are compared by their UTF-8 bytes -- code point order, the same as UTF-16's --
+/// unless both hold a character from U+E000 up (a lead byte from 0xEE: where the two orders can differ), which
+/// `utf16_order` compares: each key is scanned once, not at every comparison.
+fn sorted_keys<'a>(
+    members: &'a [(Bound<'_, PyAny>, Bound<'_, PyAny>)],
+) -> Option<Vec<(&'a str, usize)>> {
+    let mut keys: Vec<(&str, bool, usize)> = Vec::with_capacity(members.len());
+    for (index, (key, _)) in members.iter().enumerate() {
+        let text = key.cast::<PyString>().ok()?.to_str().ok()?;
+        let high = text
+            .as_bytes()
+            .iter()
+            .fold(false, |seen, &byte| seen | (byte >= 0xee));
+        keys.push((text, high, index));
+    }
+    keys.sort_unstable_by(|(a, a_high, _), (b, b_high, _)| {
+        if *a_high && *b_high {
+            utf16_order(a, b)
+        } else {
+            a.as_bytes().cmp(b.as_bytes())
+        }
+    });
+    Some(
+        keys.into_iter()
+            .map(|(key, _, index)| (key, index))
+            .collect(),
+    )
+}
+
 /// Two keys in RFC 8785's order: by UTF-16 code units. Code point order is the same unless the first
 /// characters that differ are one from U+E000-U+FFFF and one from U+10000 up (a surrogate pair's units,
 /// U+D800-U+DFFF, sort below U+E000); comparing the units decides every case.
@@ -88,11 +114,39 @@ fn utf16_order(a: &str, b: &str) -> std::cmp::Ordering {
     a.encode_utf16().cmp(b.encode_utf16())
 }
 
+/// `number` in decimal, as `i64::to_string` writes it, without allocating.
+fn integer(number: i64, out: &mut Vec<u8>) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    let mut rest = number.unsigned_abs();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (rest % 10) as u8;
+        rest /= 10;
+        if rest == 0 {
+            break;
+        }
+    }
+    if number < 0 {
+        out.push(b'-');
+    }
+    out.extend_from_slice(&digits[at..]);
+}
+
 /// `text` as a JSON string, escaped as ECMAScript's `JSON.stringify` escapes it.
 fn string(text: &str, out: &mut Vec<u8>) {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     out.push(b'"');
     let bytes = text.as_bytes();
+    // Most strings need no escape: one scan without an early exit (the compiler vectorises it), then one copy.
+    let plain = bytes.iter().fold(true, |plain, &byte| {
+        plain & (byte >= 0x20 && byte != b'"' && byte != b'\\')
+    });
+    if plain {
+        out.extend_from_slice(bytes);
+        out.push(b'"');
+        return;
+    }
     let mut start = 0;
     for (at, &byte) in bytes.iter().enumerate() {
         let escape: &[u8] = match byte {
@@ -152,11 +206,7 @@ pub fn jcs_sealed<'py>(
         }
         members.push((key, item));
     }
-    let mut keys: Vec<(&str, usize)> = Vec::with_capacity(members.len());
-    for (index, (key, _)) in members.iter().enumerate() {
-        keys.push((key.cast::<PyString>().ok()?.to_str().ok()?, index));
-    }
-    keys.sort_unstable_by(|(a, _), (b, _)| utf16_order(a, b));
+    let keys = sorted_keys(&members)?;
     if !keys.iter().any(|(key, _)| *key == "hash") {
         return None;
     }
@@ -219,6 +269,25 @@ mod tests {
             r#""\b\f\n\r\t\u0001\u001f""#
         );
         assert_eq!(escaped("\u{7f}\u{2028}é😀"), "\"\u{7f}\u{2028}é😀\"");
+    }
+
+    #[test]
+    fn integers_are_written_as_to_string_writes_them() {
+        for number in [
+            0,
+            7,
+            -7,
+            10,
+            -10,
+            1234567890,
+            i64::MAX,
+            i64::MIN,
+            i64::MIN + 1,
+        ] {
+            let mut out = Vec::new();
+            integer(number, &mut out);
+            assert_eq!(out, number.to_string().into_bytes());
+        }
     }
 
     #[test]

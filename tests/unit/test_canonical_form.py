@@ -196,3 +196,31 @@ def test_the_projector_accepts_version_3_where_the_forms_differ_and_refuses_it_h
     assert isinstance(judged, Rejected) and judged.code == "broken_chain", judged
     # The run as the engine writes it (no float, no such key) takes the fast path and is accepted.
     assert isinstance(decode_incoming(_incoming(_decided_events())), VerifiedRun)
+
+
+#: Characters on either side of where UTF-8 (code point) and UTF-16 orders part: below U+D800, from U+E000 (lead
+#: byte 0xEE), U+FFFF, and from U+10000 (a surrogate pair in UTF-16, lead byte 0xF0).
+_ORDER_EDGES = st.sampled_from(
+    [
+        "a",
+        "\u00e9",
+        "\u20ac",
+        "\ud7ff",
+        "\ue000",
+        "\uedff",
+        "\uef00",
+        "\uffff",
+        "\U00010000",
+        "\U0001f600",
+        "\U0010ffff",
+    ]
+)
+
+
+@settings(max_examples=400)
+@given(st.dictionaries(st.text(_ORDER_EDGES, max_size=4), st.integers(-5, 5), max_size=8))
+def test_keys_where_the_two_orders_part_sort_as_rfc8785_sorts_them(value: dict[str, int]) -> None:
+    """The compiled writer compares a key's bytes unless both keys hold a character from U+E000 up: keys
+    mixing the characters on either side of that line are written in the order the `rfc8785` package writes."""
+    assert jcs(value) == rfc8785.dumps(value)
+    assert jcs({"nested": [value]}) == rfc8785.dumps({"nested": [value]})

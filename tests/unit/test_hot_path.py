@@ -26,7 +26,8 @@ from pydantic import ValidationError
 
 from preflight import MemoryEventSink, MemoryStorage, create_preflight
 from preflight import scenario as sc
-from preflight.arguments import assemble, name_of, pointer_of, pointer_tokens
+from preflight.arguments import assemble, name_of, plan_call, pointer_of, pointer_tokens
+from preflight.chain import plain_json
 from preflight.engine import Decided, Trace, started_summary
 from preflight.engine import _reason as engine_reason
 from preflight.errors import EffectUnknownError
@@ -253,6 +254,7 @@ def test_a_fields_json_is_its_models_dump(
     dumped = field.model_dump(mode="json")
     written = field.as_json()
     assert list(written.items()) == list(dumped.items())  # the same members, in the same order
+    assert_plain_as_said(field)
     if isinstance(written.get("value"), (dict, list)):
         assert written["value"] is not field.value  # a copy: a hook that changes it changes no record
 
@@ -318,6 +320,20 @@ def _written_as_dumped(written: Any, dumped: Any) -> None:
     assert json.dumps(written) == json.dumps(dumped)
 
 
+def assert_plain_as_said(model: Any) -> None:
+    """A writer that says its JSON is plain (`written()`) says so only of plain JSON, and the record's digest of it
+    by the fast path (`digest(..., plain=True)`) is the one `canonical_json` takes of any JSON."""
+    written, plain = model.written()
+    assert json.dumps(written) == json.dumps(model.as_json())
+    if plain:
+        assert plain_json(written)
+    try:
+        expected = digest(written)
+    except (TypeError, ValueError):
+        return
+    assert digest(written, plain=plain) == expected
+
+
 @pytest.mark.parametrize("path", sorted(PATHS))
 @pytest.mark.parametrize("approval", [False, True], ids=["plain", "require_approval"])
 async def test_a_records_json_is_its_models_dump(path: str, approval: bool) -> None:
@@ -331,6 +347,7 @@ async def test_a_records_json_is_its_models_dump(path: str, approval: bool) -> N
         records.append((await pf.execute_if_ready(state, sc.BANK_TOOL, lambda name, args: {"ok": True})).state)
     for record in records:
         _written_as_dumped(record.as_json(), record.model_dump(mode="json"))
+        assert_plain_as_said(record)
         if isinstance(record.gate, ValueGate):
             _written_as_dumped(record.gate.as_json(), record.gate.model_dump(mode="json"))
         if record.fixed is not None:
@@ -370,6 +387,7 @@ def test_a_value_gates_and_a_records_json_are_their_models_dumps(diag: Any, chec
         }
     )
     _written_as_dumped(gate.as_json(), gate.model_dump(mode="json"))
+    assert_plain_as_said(gate)
     if isinstance(diag, dict) and isinstance(gate.as_json().get("_diag"), (dict, list)) and diag:
         assert gate.as_json()["_diag"] is not gate.diag  # a copy: a hook that changes it changes no record
     record = ExecutionRecord.model_validate(
@@ -390,6 +408,7 @@ def test_a_value_gates_and_a_records_json_are_their_models_dumps(diag: Any, chec
         }
     )
     _written_as_dumped(record.as_json(), record.model_dump(mode="json"))
+    assert_plain_as_said(record)
 
 
 _FIXED = st.none() | st.builds(
@@ -557,6 +576,90 @@ def test_a_tools_kept_bytes_digest_as_its_json_does(corpus: dict[str, Any], name
         assert tool.model_copy().recorded_canonical() is None  # a copy is written from its fields
     parsed = PreflightInput.model_validate({"instruction": "x", "tool": tool})
     assert started_summary(None, parsed)["tool_digest"] == digest(tool.recorded_json())
+
+
+def _validated(raw: Any) -> Tool | ValidationError:
+    try:
+        return PreflightInput.model_validate({"instruction": "x", "tool": raw}).tool
+    except ValidationError as exc:
+        return exc
+
+
+def _same_tool(ours: Tool, fresh: Tool) -> None:
+    assert ours == fresh and type(ours) is type(fresh)
+    assert json.dumps(ours.model_dump(mode="json", by_alias=True)) == json.dumps(
+        fresh.model_dump(mode="json", by_alias=True)
+    )
+    assert ours.model_fields_set == fresh.model_fields_set
+    assert json.dumps(ours.recorded_json()) == json.dumps(fresh.recorded_json())
+    assert ours.recorded_canonical() == fresh.recorded_canonical()
+    assert json.dumps(ours.input_schema_json) == json.dumps(fresh.input_schema_json)
+
+
+_RETYPED = st.sampled_from([1, 1.0, True, "1", None, [1], (1,), {"1": 1}])
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    corpus=st.sampled_from(_TOOLS),
+    name=st.text(min_size=1, max_size=6),
+    annotations=st.none() | st.dictionaries(st.text(max_size=4), _JSON, max_size=3),
+    retyped=st.tuples(_RETYPED, _RETYPED),
+)
+def test_a_tool_validated_once_is_the_tool_its_json_validates_to(
+    corpus: dict[str, Any], name: str, annotations: Any, retyped: tuple[Any, Any]
+) -> None:
+    """A run's tool given as the JSON an earlier run gave is that run's tool (`preflight.inputs.known_tool`):
+    the one validation gives, for the real tools' corpus and any name and annotations -- and JSON that differs
+    only in a value's type (1, 1.0, true, a list or a tuple) is validated as its own, refused alike."""
+    raw = {**corpus, "name": name, "annotations": annotations}
+    try:
+        fresh: Tool | ValidationError = Tool.model_validate(raw)
+    except ValidationError as exc:
+        fresh = exc
+    first, again = _validated(raw), _validated(json.loads(json.dumps(raw)) if plain_json(raw) else raw)
+    if isinstance(fresh, ValidationError):
+        assert isinstance(first, ValidationError) and isinstance(again, ValidationError)
+        assert first.errors(include_url=False) == again.errors(include_url=False)
+        return
+    assert isinstance(first, Tool) and isinstance(again, Tool)
+    _same_tool(first, fresh)
+    _same_tool(again, fresh)
+    assert again is first or not plain_json(raw)
+    for value in retyped:
+        other = {**raw, "annotations": {"x": value}}
+        try:
+            expected: Any = Tool.model_validate(other)
+        except ValidationError as exc:
+            expected = exc
+        got = _validated(other)
+        if isinstance(expected, ValidationError):
+            assert isinstance(got, ValidationError)
+        else:
+            assert isinstance(got, Tool)
+            _same_tool(got, expected)
+
+
+@settings(max_examples=200, deadline=None)
+@given(corpus=st.sampled_from(_TOOLS), picked=st.lists(st.integers(0, 40), max_size=4))
+def test_a_plan_without_a_proposal_is_planned_alike_again(corpus: dict[str, Any], picked: list[int]) -> None:
+    """The leaves of a call without a proposal, kept for its schema and required arguments, are the ones a
+    plan with an empty proposal finds, every time."""
+    schema = corpus.get("inputSchema")
+    if not isinstance(schema, dict):
+        return
+    names = sorted(schema.get("properties") or {})
+    required = [names[i % len(names)] for i in picked] if names else []
+    plans: list[Any] = []
+    proposals: tuple[dict[str, Any] | None, ...] = (None, None, {})
+    for proposal in proposals:
+        try:
+            plan = plan_call(schema, list(dict.fromkeys(required)), proposal)
+        except Exception as exc:  # refused alike every time
+            plans.append(type(exc).__name__)
+            continue
+        plans.append([(leaf.name, json.dumps(leaf.schema), leaf.was_proposed) for leaf in plan.leaves])
+    assert plans[0] == plans[1] == plans[2]
 
 
 _ANY_VALUE = st.recursive(
