@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, TypeAdapter, ValidationError
@@ -505,6 +505,12 @@ def sealed(fields: dict[str, Any], *, built: bool = False) -> PreflightEvent:
     is the sealer's own from then on (its hash is set in it and it may become the event's). The engine's
     chain builds each event's fields so, and saves a copy (`preflight.emit`)."""
     return _built(fields, sealed_text(fields), built)
+
+
+def native_sealer() -> Callable[[dict[str, Any], str], tuple[str, bytes] | None] | None:
+    """The compiled pass of `sealed_text` (None where `native/` is not built), for a caller sealing many
+    events of the current version after text links (`preflight.emit`)."""
+    return chain._native_jcs_sealed
 
 
 def sealed_text(fields: dict[str, Any]) -> bytes:
