@@ -318,6 +318,8 @@ def _fix_randomness() -> None:
     """Fixed ids, and fixed random bytes for the protector's keys and nonces."""
     ids = itertools.count()
     engine_api.new_id = lambda: f"00000000-0000-4000-8000-{next(ids):012d}"
+    # Ids drawn many at once are drawn from the same count, each as it is taken (so in the order they are used).
+    engine_api.new_ids = lambda count: (engine_api.new_id() for _ in range(count))
     stream = random.Random(29)
     os.urandom = stream.randbytes
 

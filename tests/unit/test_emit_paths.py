@@ -1,0 +1,121 @@
+"""The ways a run's events are built and its record kept faster than the general way (bench/README.md, engine,
+twelfth pass), each held to the general way: ids drawn many at once, the chain's own seal and verdict on what
+it keeps of each event, a stored record's copy."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from preflight import MemoryStorage, create_preflight
+from preflight import api as engine_api
+from preflight import scenario as sc
+from preflight.events import HASH_PLACEHOLDER, Envelope, sealed_later, sealed_text
+from preflight.protect import ValueProtector
+from preflight.records import KeptEvents, private_attrs
+from preflight.signing import DecisionSigner
+from preflight.testing import MemoryKeyStore
+from tests.unit.test_hot_path import PATHS
+
+
+@given(st.integers(min_value=1, max_value=20).flatmap(lambda n: st.binary(min_size=16 * n, max_size=16 * n)))
+def test_ids_drawn_at_once_are_the_uuids_of_their_random_bytes(raw: bytes) -> None:
+    """`new_ids(n)` gives, in turn, the text `uuid.UUID(bytes=..., version=4)` gives for each 16 bytes of one
+    read of 16 x n random bytes: what `new_id` gives for those 16 bytes read alone."""
+    count = len(raw) // 16
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(os, "urandom", lambda n: raw[:n])
+        ids = list(engine_api.new_ids(count))
+    assert ids == [str(uuid.UUID(bytes=raw[at : at + 16], version=4)) for at in range(0, len(raw), 16)]
+    for at, text in zip(range(0, len(raw), 16), ids, strict=True):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(os, "urandom", lambda n, at=at: raw[at : at + n])
+            assert engine_api.new_id() == text
+
+
+def test_ids_drawn_at_once_are_random_version_4_uuids() -> None:
+    seen = set()
+    for _ in range(500):
+        for text in engine_api.new_ids(10):
+            parsed = uuid.UUID(text)
+            assert parsed.version == 4 and parsed.variant == uuid.RFC_4122 and str(parsed) == text
+            seen.add(text)
+    assert len(seen) == 5_000
+
+
+def _engines(hooks: dict[str, Any]) -> list[Any]:
+    """The engine of `hooks` plain, signing its decisions, and protecting its values."""
+    merged = {**sc.hooks(), **hooks}
+    return [
+        create_preflight(merged, MemoryStorage()),
+        create_preflight(merged, MemoryStorage(), signer=DecisionSigner.generate()),
+        create_preflight(merged, MemoryStorage(), protector=ValueProtector(MemoryKeyStore())),
+    ]
+
+
+@pytest.mark.parametrize("path", sorted(PATHS))
+async def test_a_run_takes_no_more_ids_than_it_draws(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`Preflight._emit` draws the ids a run's events and decision take at once: never fewer than it takes
+    (down every path, signed or protected), and each one it takes once."""
+    drawn: list[int] = []
+    taken: list[str] = []
+    real = engine_api.new_ids
+
+    def counted(count: int) -> Any:
+        drawn.append(count)
+        for text in real(count):
+            taken.append(text)
+            yield text
+
+    monkeypatch.setattr(engine_api, "new_ids", counted)
+    hooks, given = PATHS[path]
+    for pf in _engines(hooks):
+        drawn.clear()
+        taken.clear()
+        state = await pf.run_and_record(sc.transfer(**given))
+        assert len(drawn) == 1 and len(taken) <= drawn[0]
+        events = state.run_events
+        ids = [e.event_id for e in events] + ([state.run_ref.decision_id] if state.run_ref.decision_id else [])
+        assert sorted(ids) == sorted(taken)
+
+
+@pytest.mark.parametrize("path", sorted(PATHS))
+async def test_what_a_chain_keeps_of_each_event_is_what_sealed_later_keeps(path: str) -> None:
+    """The chain seals each event as `sealed_text` does and keeps of it what `sealed_later` keeps (its fields,
+    or its model where a signature is to be validated), down every path, signed or protected."""
+    hooks, given = PATHS[path]
+    for pf in _engines(hooks):
+        state = await pf.run_and_record(sc.transfer(**given))
+        kept = private_attrs(state)["_events"]
+        assert isinstance(kept, KeptEvents) and kept.kept is not None
+        for text, one in zip(kept.texts, kept.kept, strict=True):
+            fields = dict(one) if isinstance(one, dict) else one.model_dump(mode="json", exclude_unset=True)
+            fields["hash"] = HASH_PLACEHOLDER
+            again = dict(fields)
+            assert sealed_text(again) == text and again["hash"] == (one["hash"] if isinstance(one, dict) else one.hash)
+            theirs = sealed_later(again, text)
+            assert isinstance(one, dict) == (theirs is again)
+            if isinstance(one, Envelope):
+                assert one == theirs
+
+
+@pytest.mark.parametrize("path", sorted(PATHS))
+async def test_a_stored_records_copy_is_the_copy_model_copy_makes(path: str) -> None:
+    """`ExecutionRecord.with_events_kept` copies by hand what `model_copy` copies, its events kept as bytes."""
+    hooks, given = PATHS[path]
+    state = await create_preflight({**sc.hooks(), **hooks}, MemoryStorage()).run_and_record(sc.transfer(**given))
+    ours = state.with_events_kept()
+    theirs = state.model_copy()
+    events = private_attrs(state)["_events"]
+    private_attrs(theirs)["_events"] = KeptEvents(events.texts)
+    assert ours == theirs and type(ours) is type(theirs)
+    assert ours.__dict__ == theirs.__dict__ and ours.__pydantic_fields_set__ == theirs.__pydantic_fields_set__
+    assert ours.__pydantic_extra__ == theirs.__pydantic_extra__ and private_attrs(ours) == private_attrs(theirs)
+    assert private_attrs(ours)["_events"].kept is None and ours.run_ref == state.run_ref
+    assert ours.__dict__ is not state.__dict__ and ours.__pydantic_fields_set__ is not state.__pydantic_fields_set__
+    assert private_attrs(ours) is not private_attrs(state)
