@@ -210,14 +210,15 @@ def _parts() -> list[tuple[Any, str, str]]:
         (arguments.CallPlan, "leaf_violation", "    the schema check of each leaf (jsonschema-rs, jsonschema)"),
         (arguments.CallPlan, "violations_of", "    the schema check of the whole call (jsonschema-rs, jsonschema)"),
         (api.Preflight, "_emit", "building the events (Preflight._emit)"),
-        (emit, "sealed_text", "  sealing the 9 events (canonical form, hash)"),
-        (emit, "sealed_later", "  what a run keeps of each event (its fields, the shape checked; no model yet)"),
-        (events, "event_canonical_json", "    the canonical form (RFC 8785), where sealed in Python"),
         *(
-            [(chain, "_native_jcs_sealed", "    canonical form and hash in one compiled pass (native/ jcs_sealed)")]
+            [(chain, "_native_jcs_sealed", "  sealing the 9 events: canonical form and hash (native/ jcs_sealed)")]
             if chain._native_jcs_sealed is not None
             else []
         ),
+        (emit, "sealed_text", "  sealing in Python, where the compiled pass does not (or is not built)"),
+        (events, "event_canonical_json", "    the canonical form (RFC 8785), where sealed in Python"),
+        (emit, "sealed_later", "  what a run keeps of an event, where the chain has no verdict for its shape"),
+        (api, "new_ids", "  the run's event and decision ids, drawn at once"),
         (api.Preflight, "record", "recording (Preflight.record)"),
         (api, "_record_digest", "  the record's digest (as_json + canonical form)"),
         (records.KeptEvents, "events", "the event models, built when someone asks for them"),
