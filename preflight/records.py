@@ -781,7 +781,7 @@ class ExecutionRecord(BaseModel):
             events = KeptEvents(tuple(encode_event(e) for e in events))
         elif type(events) is KeptEvents:
             events = KeptEvents(events.texts)  # the bytes only: no fields, no models kept long
-        # `model_copy()` with its events replaced, copied by hand as `with_run_ref` copies (~3.1 -> ~1.6 us;
+        # `model_copy()` with its events replaced, copied by hand as `with_run_ref` copies (~3.1 -> ~2.4 us;
         # a store in memory makes one a run: bench/README.md, engine, twelfth pass).
         return self.with_run_ref(private["_run"], events)
 
