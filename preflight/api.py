@@ -43,7 +43,7 @@ from preflight.results import output_check, structured_content, tool_error
 from preflight.reversibility import AdmissionPolicy
 from preflight.signing import REPLAY_CACHE_LIMIT, DecisionSigner, DecisionVerifier, SignedDecision
 from preflight.testing import MemoryEventSink
-from preflight.tracing import run_span
+from preflight.tracing import NO_SPAN, RunSpan, run_span, traced
 
 CallTool = Callable[[str, dict[str, Any]], Any]
 log = logging.getLogger("preflight")
@@ -167,13 +167,18 @@ class Preflight:
 
         A protected engine raises `preflight.protect.KeyStoreError` when the key store cannot give the
         user's key: nothing is then recorded, as nothing could be sealed."""
+        if not traced():  # no span would open: no context manager entered for it either (~1 us a run)
+            return await self._run(input, NO_SPAN)
         with run_span(input) as span:  # preflight.tracing: a span per run, never a value in it
-            user_id, agent_id = _ids(input)
-            run_id = new_id()
-            sealer = self._sealer(user_id, run_id)  # before deciding: the action key is its pseudonym
-            decided = await self._decide(input, sealer.pseudonym if sealer is not None else None)
-            state = self._emit(decided, user_id, agent_id, run_id=run_id, sealer=sealer)
-            span.record(state, gap_class=decided.trace.gap_class, gate=decided.trace.gate_name)
+            return await self._run(input, span)
+
+    async def _run(self, input: Any, span: RunSpan) -> ExecutionRecord:
+        user_id, agent_id = _ids(input)
+        run_id = new_id()
+        sealer = self._sealer(user_id, run_id)  # before deciding: the action key is its pseudonym
+        decided = await self._decide(input, sealer.pseudonym if sealer is not None else None)
+        state = self._emit(decided, user_id, agent_id, run_id=run_id, sealer=sealer)
+        span.record(state, gap_class=decided.trace.gap_class, gate=decided.trace.gate_name)
         return state
 
     def _emit(

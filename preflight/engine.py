@@ -8,7 +8,6 @@ baseline reader it is handed. Turning the trace into events is `preflight.emit`'
 from __future__ import annotations
 
 import functools
-import hashlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
@@ -208,11 +207,9 @@ def started_summary(raw: Mapping[str, Any] | None, parsed: PreflightInput | None
             "tool_attempt": 0,
             "user_checklist": [],
         }
-    kept = parsed.tool.recorded_canonical()
+    kept = parsed.tool.recorded_digest()
     try:
-        tool_digest: str | None = (
-            digest(parsed.tool.recorded_json()) if kept is None else "sha256:" + hashlib.sha256(kept).hexdigest()
-        )
+        tool_digest: str | None = digest(parsed.tool.recorded_json()) if kept is None else kept
     except (TypeError, ValueError):  # NaN or a lone surrogate in the definition: no digest, and the
         tool_digest = None  # run's own events will fail to encode and fall to the backstop
     segments = (

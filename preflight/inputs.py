@@ -9,6 +9,7 @@ judged there.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping
 from typing import Any, Literal
@@ -146,6 +147,8 @@ class Tool(BaseModel):
     _canonical: bytes | None = PrivateAttr(default=None)
     # Its input schema's JSON (`input_schema_json`), dumped once when it is validated.
     _schema_json: dict[str, Any] | None = PrivateAttr(default=None)
+    # The digest of `_canonical` (`recorded_digest`), taken with it.
+    _digest: str | None = PrivateAttr(default=None)
 
     def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Any:
         """A copy, without the kept dump: a changed copy is dumped from its fields (`recorded_json`)."""
@@ -154,7 +157,17 @@ class Tool(BaseModel):
             copied.__pydantic_private__["_json"] = None
             copied.__pydantic_private__["_canonical"] = None
             copied.__pydantic_private__["_schema_json"] = None
+            copied.__pydantic_private__["_digest"] = None
         return copied
+
+    def recorded_digest(self) -> str | None:
+        """``sha256:<hex>`` of `recorded_canonical` (what `preflight.chain.digest` gives of `recorded_json`),
+        taken once, with those bytes, when the tool was validated: every run of a tool kept by `known_tool`
+        would otherwise digest the same bytes at its start. None where there are no such bytes (then the
+        caller digests `recorded_json`)."""
+        private = self.__pydantic_private__
+        kept: str | None = private.get("_digest") if private is not None else None
+        return kept
 
     def recorded_canonical(self) -> bytes | None:
         """The sorted JSON bytes of `recorded_json` (what `preflight.chain.canonical_json` writes of plain JSON:
@@ -185,6 +198,7 @@ class Tool(BaseModel):
                 json.dumps(dumped, allow_nan=False, ensure_ascii=False).encode("utf-8")
             elif self.__pydantic_private__ is not None:
                 self.__pydantic_private__["_canonical"] = written
+                self.__pydantic_private__["_digest"] = "sha256:" + hashlib.sha256(written).hexdigest()
             self.input_schema_json  # noqa: B018 - dumped (and kept) once, with the rest, as the tool is validated
         except (TypeError, ValueError, RecursionError) as exc:
             raise ValueError(f"tool definition cannot be recorded as JSON ({type(exc).__name__})") from exc

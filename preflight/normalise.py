@@ -123,12 +123,25 @@ def _case_free(value: str, schema: Mapping[str, Any] | None) -> bool:
     return False
 
 
+_SHORT = 64
+
+
 def denotes(text: str, value: Any, schema: Mapping[str, Any] | None = None) -> bool:
     """True if `text` (the text at a cited span) writes `value`, under the module's normalisation.
 
     `schema` is the value's JSON Schema (or None): it decides only where case is irrelevant."""
     if isinstance(value, bool):
         return text_form(text).lower() == ("true" if value else "false")
+    if type(value) is int and len(text) <= _SHORT and text.isascii():
+        # An ASCII text is its own NFKC form, and the pattern admits no exponent: a text without a decimal
+        # part writes an integer, compared as one (what the Decimals below give, without building them; the
+        # test's property holds the two alike). A longer text is left to Decimal: `int` refuses 4,300 digits.
+        form = " ".join(text.split())
+        match = _NUMBER.fullmatch(form)
+        if match is None:
+            return False
+        digits = form if match.group(1) is None else form.replace(match.group(1), "")
+        return int(digits) == value if "." not in digits else Decimal(digits) == value
     if isinstance(value, (int, float)):
         number = number_of(text)
         try:
@@ -149,7 +162,9 @@ def denotes(text: str, value: Any, schema: Mapping[str, Any] | None = None) -> b
 
 
 def _latin(char: str) -> bool:
-    return (char.isascii() and char.isalpha()) or "LATIN" in unicodedata.name(char, "")
+    if char.isascii():  # no ASCII character but the letters is named LATIN: no name looked up
+        return char.isalpha()
+    return "LATIN" in unicodedata.name(char, "")
 
 
 def _joined(left: str, right: str) -> bool:

@@ -35,7 +35,7 @@ from typing import Any
 
 from preflight.records import ExecutionRecord
 
-__all__ = ["TRACER_NAME", "RunSpan", "run_span", "traced", "untraced"]
+__all__ = ["NO_SPAN", "TRACER_NAME", "RunSpan", "run_span", "traced", "untraced"]
 
 TRACER_NAME = "preflight"
 _MAX_NAME = 128
@@ -90,6 +90,10 @@ class RunSpan:
             span.set_status(Status(StatusCode.ERROR, "the preflight backstop held the run"))
 
 
+#: The span of a run when tracing is off: records nothing.
+NO_SPAN = RunSpan(None, None)
+
+
 def traced() -> bool:
     """Whether the host has set a tracer provider (and the caller is not `untraced`); with none (or no
     OpenTelemetry), every span would be a no-op."""
@@ -113,7 +117,7 @@ def untraced() -> Iterator[None]:
 def run_span(raw_input: Any) -> Iterator[RunSpan]:
     """A span around one run, current while the block runs (see the module doc)."""
     if _TRACER is None or not traced():
-        yield RunSpan(None, None)  # no provider set by the host: every span would be a no-op
+        yield NO_SPAN  # no provider set by the host: every span would be a no-op
         return
     with _TRACER.start_as_current_span("preflight", record_exception=True) as span:
         yield RunSpan(span, _tool_name(raw_input))

@@ -573,7 +573,11 @@ def test_a_tools_kept_bytes_digest_as_its_json_does(corpus: dict[str, Any], name
     kept = tool.recorded_canonical()
     if kept is not None:
         assert "sha256:" + hashlib.sha256(kept).hexdigest() == digest(tool.recorded_json())
+        assert tool.recorded_digest() == digest(tool.recorded_json())
         assert tool.model_copy().recorded_canonical() is None  # a copy is written from its fields
+        assert tool.model_copy().recorded_digest() is None
+    else:
+        assert tool.recorded_digest() is None
     parsed = PreflightInput.model_validate({"instruction": "x", "tool": tool})
     assert started_summary(None, parsed)["tool_digest"] == digest(tool.recorded_json())
 
@@ -593,6 +597,7 @@ def _same_tool(ours: Tool, fresh: Tool) -> None:
     assert ours.model_fields_set == fresh.model_fields_set
     assert json.dumps(ours.recorded_json()) == json.dumps(fresh.recorded_json())
     assert ours.recorded_canonical() == fresh.recorded_canonical()
+    assert ours.recorded_digest() == fresh.recorded_digest()
     assert json.dumps(ours.input_schema_json) == json.dumps(fresh.input_schema_json)
 
 

@@ -9,6 +9,8 @@ token, always does.
 from __future__ import annotations
 
 import re
+import unicodedata
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -17,7 +19,7 @@ from hypothesis import strategies as st
 
 from preflight import MemoryStorage, create_preflight
 from preflight.lookup import SPAN_DOES_NOT_HOLD_VALUE
-from preflight.normalise import denotes, number_of, text_form, whole_token
+from preflight.normalise import _latin, denotes, number_of, text_form, whole_token
 from preflight.scenario import hooks, transfer
 
 FORWARDED = [
@@ -250,3 +252,35 @@ async def test_a_value_found_only_in_untrusted_text_never_becomes_known(claimed:
     )
     field = next(f for f in record.fields or () if f.name == "to_account")
     assert field.source != "instruction"
+
+
+def _writes_by_decimals(text: str, value: int) -> bool:
+    """The rule for numbers as the module doc states it, by Decimals: what `denotes` decides for an integer."""
+    number = number_of(text)
+    return number is not None and number == Decimal(value)
+
+
+@settings(max_examples=600, deadline=None)
+@given(
+    text=st.text(alphabet="0123456789,'_ .+-eE\u00a0\t", max_size=16)
+    | st.integers(-(10**20), 10**20).map(lambda n: f"{n:,}")
+    | st.integers(-(10**20), 10**20).map(str),
+    value=st.integers(-(10**20), 10**20) | st.sampled_from([0, 500000, -7, 10**19]),
+)
+def test_an_integer_in_ascii_text_is_denoted_as_the_decimals_say(text: str, value: int) -> None:
+    """`denotes` reads an integer from ASCII text without building Decimals (a fast path): always as the
+    Decimal comparison of the module's rule decides, grouped, signed, with decimals or none."""
+    assert denotes(text, value) == _writes_by_decimals(text, value)
+    assert denotes(text, int(number_of(text) or 0)) == _writes_by_decimals(text, int(number_of(text) or 0))
+
+
+@given(char=st.characters(max_codepoint=0x7F))
+def test_an_ascii_character_is_latin_when_it_is_a_letter(char: str) -> None:
+    """`whole_token`'s letters: an ASCII character is Latin exactly when its Unicode name says so."""
+    assert _latin(char) == ("LATIN" in unicodedata.name(char, ""))
+
+
+def test_a_long_run_of_digits_is_read_as_decimals_say() -> None:
+    """Beyond the fast path's length, as ever: a 5,000-digit span is compared, never refused by `int`."""
+    digits, sevens = "7" * 5000, (10**5000 - 1) // 9 * 7
+    assert denotes(digits, sevens) and not denotes(digits, 7)
