@@ -12,39 +12,96 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import orjson
+
 from preflight.chain import GENESIS_HASH, content_hash
-from preflight.events import PreflightEvent, published_texts
+from preflight.events import PreflightEvent, encode_event, published_texts
 from preflight.protect import SubjectKey, UnknownKey, ValueErased, make_kid, parse_kid, subject_handle
-from preflight.records import ExecutionRecord
+from preflight.records import ExecutionRecord, KeptEvents, RunRef, RunRefMembers, private_attrs
 
 
 class MemoryStorage:
     """Append-only records per key; `load` returns only the latest `executed` one.
 
-    Each record is kept as a copy equal to it whose run's events are held as their published bytes and read
-    back when asked for (`ExecutionRecord.with_events_kept`): a store that keeps every record in memory
-    would otherwise keep 9 event models a run for the garbage collector to walk."""
+    Each record is kept in a form the garbage collector does not walk (`_kept`: its JSON and its private state
+    as bytes, strings and integers in tuples, which the collector stops tracking) and rebuilt, equal to it, when
+    `history` is asked for; the latest `executed` record of each key is kept as a record for `load`. A store
+    that keeps every record as its models would leave ~25 objects a decision for every full collection to walk
+    (~60 us of collection a decision over 20,000 decisions of the engine bench, bench/README.md, twelfth pass)."""
 
     def __init__(self) -> None:
-        self._records: dict[str, list[ExecutionRecord]] = {}
+        self._records: dict[str, list[ExecutionRecord | _Kept]] = {}
+        self._executed: dict[str, ExecutionRecord] = {}
 
     async def persist(self, key: str, record: ExecutionRecord) -> None:
         if not isinstance(record, ExecutionRecord):
             raise TypeError(f"persist expects an ExecutionRecord, got {type(record).__name__}")
-        self._records.setdefault(key, []).append(record.with_events_kept())
+        self._records.setdefault(key, []).append(_kept(record))
+        if record.execution_decision == "executed":
+            self._executed[key] = record.with_events_kept()
 
     async def load(self, key: str) -> ExecutionRecord | None:
-        for record in reversed(self._records.get(key, [])):
-            if record.execution_decision == "executed":
-                return record
-        return None
+        return self._executed.get(key)
 
     def history(self, key: str) -> list[ExecutionRecord]:
-        """Every record under `key`, oldest first (blocks included)."""
-        return list(self._records.get(key, []))
+        """Every record under `key`, oldest first (blocks included), each equal to the record persisted."""
+        return [_rebuilt(kept) for kept in self._records.get(key, [])]
 
     def keys(self) -> list[str]:
         return list(self._records)
+
+
+#: A record as `MemoryStorage` keeps it: its JSON (`ExecutionRecord.written`), its run reference's members (or
+#: None), its run's events as their published bytes (None: it holds no events) and its erased slots.
+_Kept = tuple[bytes, RunRefMembers | None, tuple[bytes, ...] | None, tuple[str, ...]]
+
+
+def _kept(record: ExecutionRecord) -> ExecutionRecord | _Kept:
+    """`record` as `MemoryStorage` keeps it: `_Kept` where that rebuilds to an equal record (`_rebuilt`), else a
+    copy of it keeping its events as their bytes (`ExecutionRecord.with_events_kept`). Its JSON is the one its
+    digest is taken from, written where it is plain JSON (`ExecutionRecord.written`, ~6 us with its bytes in the
+    engine bench), whose validation gives back its members; not where its JSON leaves out a member it has (an
+    unknown field's value), is not plain (another gate, an admission verdict: written by the model's serializer)
+    or cannot be written as UTF-8 (a lone surrogate)."""
+    private = private_attrs(record)
+    ref, events, erased = private["_run"], private["_events"], private["_erased"]
+    if (
+        type(record) is not ExecutionRecord
+        or record.__pydantic_extra__
+        or not (ref is None or type(ref) is RunRef)
+        or type(erased) is not tuple
+        or not all(type(slot) is str for slot in erased)
+        or not (type(events) is KeptEvents or type(events) is tuple)
+        or any(field.status == "unknown" and field.value is not None for field in record.fields or ())
+    ):
+        return record.with_events_kept()
+    written, plain = record.written()
+    if not plain:
+        return record.with_events_kept()
+    try:
+        text = orjson.dumps(written)
+    except TypeError:
+        return record.with_events_kept()
+    if type(events) is KeptEvents:
+        texts: tuple[bytes, ...] | None = events.texts
+    else:
+        texts = tuple(encode_event(e) for e in events) if events else None
+    return text, None if ref is None else ref.members(), texts, erased
+
+
+def _rebuilt(kept: ExecutionRecord | _Kept) -> ExecutionRecord:
+    """The record `kept` keeps (`_kept`), equal to the record persisted."""
+    if type(kept) is not tuple:
+        return kept  # type: ignore[return-value]
+    text, members, texts, erased = kept
+    record = ExecutionRecord.model_validate_json(text)
+    private = private_attrs(record)
+    if members is not None:
+        private["_run"] = RunRef.of_members(members)
+    if texts is not None:
+        private["_events"] = KeptEvents(texts)
+    private["_erased"] = erased
+    return record
 
 
 class MemoryEventSink:
