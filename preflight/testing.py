@@ -14,7 +14,8 @@ from typing import Any
 
 import orjson
 
-from preflight.chain import GENESIS_HASH, content_hash
+from preflight import records
+from preflight.chain import GENESIS_HASH, content_hash, plain_json
 from preflight.events import PreflightEvent, encode_event, published_texts
 from preflight.protect import SubjectKey, UnknownKey, ValueErased, make_kid, parse_kid, subject_handle
 from preflight.records import ExecutionRecord, KeptEvents, RunRef, RunRefMembers, private_attrs
@@ -58,11 +59,14 @@ _Kept = tuple[bytes, RunRefMembers | None, tuple[bytes, ...] | None, tuple[str, 
 
 def _kept(record: ExecutionRecord) -> ExecutionRecord | _Kept:
     """`record` as `MemoryStorage` keeps it: `_Kept` where that rebuilds to an equal record (`_rebuilt`), else a
-    copy of it keeping its events as their bytes (`ExecutionRecord.with_events_kept`). Its JSON is the one its
-    digest is taken from, written where it is plain JSON (`ExecutionRecord.written`, ~6 us with its bytes in the
-    engine bench), whose validation gives back its members; not where its JSON leaves out a member it has (an
-    unknown field's value), is not plain (another gate, an admission verdict: written by the model's serializer)
-    or cannot be written as UTF-8 (a lone surrogate)."""
+    copy of it keeping its events as their bytes (`ExecutionRecord.with_events_kept`).
+
+    Its JSON is its members as they are (each model's `__dict__`, by name: an unknown field's value included),
+    written by orjson (~2 us in the engine bench, where `ExecutionRecord.written` took ~6): exactly what
+    validating it gives back where its JSON values (a field's value, the checklist, a gate's `_diag`, the
+    deferred input) are plain (`preflight.chain.plain_json`: no float, no integer beyond 64 bits, no tuple, no
+    subclass) and every part is one of the record's own models; otherwise (or a lone surrogate, which orjson
+    refuses) the record is kept."""
     private = private_attrs(record)
     ref, events, erased = private["_run"], private["_events"], private["_erased"]
     if (
@@ -72,21 +76,53 @@ def _kept(record: ExecutionRecord) -> ExecutionRecord | _Kept:
         or type(erased) is not tuple
         or not all(type(slot) is str for slot in erased)
         or not (type(events) is KeptEvents or type(events) is tuple)
-        or any(field.status == "unknown" and field.value is not None for field in record.fields or ())
     ):
         return record.with_events_kept()
-    written, plain = record.written()
-    if not plain:
-        return record.with_events_kept()
+    members = record.__dict__
+    gate, fields = members["gate"], members["fields"]
+    values = [members["user_checklist"], members["deferred_input"]]
     try:
-        text = orjson.dumps(written)
-    except TypeError:
+        if gate is not None:
+            values.append(gate.__dict__["diag"])
+        if fields is not None:
+            values.extend(field.__dict__["value"] for field in fields)
+        if not plain_json(values):
+            return record.with_events_kept()
+        text = orjson.dumps(members, default=_model_members)
+    except (TypeError, AttributeError, KeyError):
         return record.with_events_kept()
     if type(events) is KeptEvents:
         texts: tuple[bytes, ...] | None = events.texts
     else:
         texts = tuple(encode_event(e) for e in events) if events else None
     return text, None if ref is None else ref.members(), texts, erased
+
+
+def _model_members(model: Any) -> dict[str, Any]:
+    """The members of one of a record's own models, by name (orjson's `default` for `_kept`); TypeError else."""
+    if type(model) not in _RECORD_PARTS or model.__pydantic_extra__ or model.__pydantic_private__:
+        raise TypeError(f"not a part of a record: {type(model).__name__}")
+    members: dict[str, Any] = model.__dict__
+    return members
+
+
+_RECORD_PARTS = frozenset(
+    {
+        records.Fixed,
+        records.C3Match,
+        records.FieldRecord,
+        records.ValueGate,
+        records.UnknownFieldEntry,
+        records.UnverifiedItemEntry,
+        records.IntentGate,
+        records.ToolGate,
+        records.DefinitionGate,
+        records.ProposalGate,
+        records.AdmissionGate,
+        records.ExecutionGate,
+        records.AdmissionVerdict,
+    }
+)
 
 
 def _rebuilt(kept: ExecutionRecord | _Kept) -> ExecutionRecord:
