@@ -386,8 +386,10 @@ async def corpus() -> list[str]:
             state_lines("inherited", inherited)
             published(sink)
             if after.execution_decision == "execute" and after.fields:
-                after.fields[0].__dict__["value"] = "tampered"
-                tampered = await pf.execute_if_ready(after, tool, tool_answer)
+                # A copy tampered with, not the record the storage was given (a store may share its parts).
+                altered = after.model_copy(deep=True)
+                altered.fields[0].__dict__["value"] = "tampered"  # type: ignore[index]
+                tampered = await pf.execute_if_ready(altered, tool, tool_answer)
                 out.append(f"tampered {tampered.status} {getattr(tampered, 'code', None)}")
                 published(sink)
         # The prior state given explicitly: the first run's record as tier 4's baseline.

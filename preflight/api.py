@@ -37,7 +37,14 @@ from preflight.hooks import ALL_HOOKS, CALL_SUCCEEDED, DEFAULT_HOOKS, REQUIRED_H
 from preflight.inputs import PreflightInput, Tool
 from preflight.ports import EventSink, ReplayStore, Storage
 from preflight.protect import ProtectionError, RunSealer, ValueProtector, baseline_view
-from preflight.records import ExecutionRecord, ExecutionRefusalCode, KeptEvents, RunRef, event_member
+from preflight.records import (
+    ExecutionRecord,
+    ExecutionRefusalCode,
+    KeptEvents,
+    RunRef,
+    RunRefMembers,
+    event_member,
+)
 from preflight.replay import DecisionClaim, MemoryReplayStore
 from preflight.results import output_check, structured_content, tool_error
 from preflight.reversibility import AdmissionPolicy
@@ -310,7 +317,7 @@ class Preflight:
             # What this engine signed for this very record; None (a state changed since it was signed, or
             # signed elsewhere) leaves the signature to be verified when it is acted on.
             own = signed_here[1] if signed_here is not None and signed_here[0] is state else None
-            self._executable[ref.run_id] = _Pending(recorded, ref, own)
+            self._executable[ref.run_id] = (recorded, ref.members(), own)
             while len(self._executable) > PENDING_EXECUTIONS:
                 self._executable.popitem(last=False)
         return state
@@ -698,7 +705,8 @@ class Preflight:
                 return Refusal(
                     "decision_replayed", "this decision was already acted on (or is no longer pending)"
                 ), None
-            if ref != pending.ref or _record_digest(state) != pending.digest:
+            recorded, recorded_ref, _ = pending
+            if type(ref) is not RunRef or ref.members() != recorded_ref or _record_digest(state) != recorded:
                 return Refusal("state_altered", "this state differs from the decision that was recorded"), None
         elif self._verifier is None:
             return Refusal("state_unrecorded", "this state was not recorded by this preflight"), None
@@ -714,13 +722,14 @@ class Preflight:
             return Refusal("tool_mismatch", f"the tool given ({name}) is not the one judged ({judged})"), None
         if self._verifier is None:
             return None, None
-        if pending is not None and pending.signed is not None:
+        signed_here = None if pending is None else pending[2]
+        if signed_here is not None:
             # This engine signed it and recorded it, and the state is still what was recorded (its digest):
             # verifying its own signature and digest again proves nothing new. Its validity window still holds.
-            late = self._verifier.check_times(pending.signed, self._verifier.now())
+            late = self._verifier.check_times(signed_here, self._verifier.now())
             if late is not None:
                 return Refusal("decision_unverified", f"the signed decision is refused: {late}"), None
-            return None, pending.signed
+            return None, signed_here
         return self._signature_refusal(state, ref, unsigned_ok=own and self._signer is None)
 
     def _signature_refusal(
@@ -754,14 +763,12 @@ class Preflight:
         return None, signed
 
 
-@dataclass(frozen=True)
-class _Pending:
-    """An `execute` decision this engine recorded and has not acted on: the digest of its record, its run
-    reference, and the decision it signed (None: unsigned)."""
-
-    digest: str
-    ref: RunRef
-    signed: SignedDecision | None
+#: An `execute` decision this engine recorded and has not acted on: the digest of its record, its run reference's
+#: members (`RunRef.members`) and the decision it signed (None: unsigned). A tuple of strings and integers, not
+#: objects: one is kept for each `execute` decision recorded (up to `PENDING_EXECUTIONS`), and the garbage
+#: collector stops tracking such a tuple, where a dataclass holding a `RunRef` left 4 objects a decision for every
+#: full collection to walk (bench/README.md, twelfth pass).
+_Pending = tuple[str, RunRefMembers, SignedDecision | None]
 
 
 def _tool_definition(tool: Any) -> Tool | None:

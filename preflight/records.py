@@ -467,6 +467,28 @@ class RunRef(BaseModel):
     decision_id: str | None = None
     arguments_digest: str | None = None
 
+    def members(self) -> RunRefMembers:
+        """Its members in order, as a tuple of strings and an integer: what a store keeps of it for long
+        (`preflight.testing.MemoryStorage`, the engine's pending decisions), which the garbage collector stops
+        tracking (a `RunRef` is 3 objects for every full collection to walk); `of_members` rebuilds it."""
+        return (self.run_id, self.last_hash, self.next_seq, self.decision_id, self.arguments_digest)
+
+    @classmethod
+    def of_members(cls, members: RunRefMembers) -> RunRef:
+        """The run reference whose `members` these are (equal to it)."""
+        run_id, last_hash, next_seq, decision_id, arguments_digest = members
+        return cls(
+            run_id=run_id,
+            last_hash=last_hash,
+            next_seq=next_seq,
+            decision_id=decision_id,
+            arguments_digest=arguments_digest,
+        )
+
+
+#: A run reference's members (`RunRef.members`).
+RunRefMembers = tuple[str, str, int, str | None, str | None]
+
 
 class KeptEvents(Sequence[Any]):
     """A run's events kept as their published bytes (`preflight.events.encode_event`), in order, their models

@@ -12,39 +12,132 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from preflight.chain import GENESIS_HASH, content_hash
-from preflight.events import PreflightEvent, published_texts
+import orjson
+
+from preflight import records
+from preflight.chain import GENESIS_HASH, content_hash, plain_json
+from preflight.events import PreflightEvent, encode_event, published_texts
 from preflight.protect import SubjectKey, UnknownKey, ValueErased, make_kid, parse_kid, subject_handle
-from preflight.records import ExecutionRecord
+from preflight.records import ExecutionRecord, KeptEvents, RunRef, RunRefMembers, private_attrs
 
 
 class MemoryStorage:
     """Append-only records per key; `load` returns only the latest `executed` one.
 
-    Each record is kept as a copy equal to it whose run's events are held as their published bytes and read
-    back when asked for (`ExecutionRecord.with_events_kept`): a store that keeps every record in memory
-    would otherwise keep 9 event models a run for the garbage collector to walk."""
+    Each record is kept in a form the garbage collector does not walk (`_kept`: its JSON and its private state
+    as bytes, strings and integers in tuples, which the collector stops tracking) and rebuilt, equal to it, when
+    `history` is asked for; the latest `executed` record of each key is kept as a record for `load`. A store
+    that keeps every record as its models would leave ~25 objects a decision for every full collection to walk
+    (~60 us of collection a decision over 20,000 decisions of the engine bench, bench/README.md, twelfth pass)."""
 
     def __init__(self) -> None:
-        self._records: dict[str, list[ExecutionRecord]] = {}
+        self._records: dict[str, list[ExecutionRecord | _Kept]] = {}
+        self._executed: dict[str, ExecutionRecord] = {}
 
     async def persist(self, key: str, record: ExecutionRecord) -> None:
         if not isinstance(record, ExecutionRecord):
             raise TypeError(f"persist expects an ExecutionRecord, got {type(record).__name__}")
-        self._records.setdefault(key, []).append(record.with_events_kept())
+        self._records.setdefault(key, []).append(_kept(record))
+        if record.execution_decision == "executed":
+            self._executed[key] = record.with_events_kept()
 
     async def load(self, key: str) -> ExecutionRecord | None:
-        for record in reversed(self._records.get(key, [])):
-            if record.execution_decision == "executed":
-                return record
-        return None
+        return self._executed.get(key)
 
     def history(self, key: str) -> list[ExecutionRecord]:
-        """Every record under `key`, oldest first (blocks included)."""
-        return list(self._records.get(key, []))
+        """Every record under `key`, oldest first (blocks included), each equal to the record persisted."""
+        return [_rebuilt(kept) for kept in self._records.get(key, [])]
 
     def keys(self) -> list[str]:
         return list(self._records)
+
+
+#: A record as `MemoryStorage` keeps it: its JSON (`ExecutionRecord.written`), its run reference's members (or
+#: None), its run's events as their published bytes (None: it holds no events) and its erased slots.
+_Kept = tuple[bytes, RunRefMembers | None, tuple[bytes, ...] | None, tuple[str, ...]]
+
+
+def _kept(record: ExecutionRecord) -> ExecutionRecord | _Kept:
+    """`record` as `MemoryStorage` keeps it: `_Kept` where that rebuilds to an equal record (`_rebuilt`), else a
+    copy of it keeping its events as their bytes (`ExecutionRecord.with_events_kept`).
+
+    Its JSON is its members as they are (each model's `__dict__`, by name: an unknown field's value included),
+    written by orjson (~2 us in the engine bench, where `ExecutionRecord.written` took ~6): exactly what
+    validating it gives back where its JSON values (a field's value, the checklist, a gate's `_diag`, the
+    deferred input) are plain (`preflight.chain.plain_json`: no float, no integer beyond 64 bits, no tuple, no
+    subclass) and every part is one of the record's own models; otherwise (or a lone surrogate, which orjson
+    refuses) the record is kept."""
+    private = private_attrs(record)
+    ref, events, erased = private["_run"], private["_events"], private["_erased"]
+    if (
+        type(record) is not ExecutionRecord
+        or record.__pydantic_extra__
+        or not (ref is None or type(ref) is RunRef)
+        or type(erased) is not tuple
+        or not all(type(slot) is str for slot in erased)
+        or not (type(events) is KeptEvents or type(events) is tuple)
+    ):
+        return record.with_events_kept()
+    members = record.__dict__
+    gate, fields = members["gate"], members["fields"]
+    values = [members["user_checklist"], members["deferred_input"]]
+    try:
+        if gate is not None:
+            values.append(gate.__dict__["diag"])
+        if fields is not None:
+            values.extend(field.__dict__["value"] for field in fields)
+        if not plain_json(values):
+            return record.with_events_kept()
+        text = orjson.dumps(members, default=_model_members)
+    except (TypeError, AttributeError, KeyError):
+        return record.with_events_kept()
+    if type(events) is KeptEvents:
+        texts: tuple[bytes, ...] | None = events.texts
+    else:
+        texts = tuple(encode_event(e) for e in events) if events else None
+    return text, None if ref is None else ref.members(), texts, erased
+
+
+def _model_members(model: Any) -> dict[str, Any]:
+    """The members of one of a record's own models, by name (orjson's `default` for `_kept`); TypeError else."""
+    if type(model) not in _RECORD_PARTS or model.__pydantic_extra__ or model.__pydantic_private__:
+        raise TypeError(f"not a part of a record: {type(model).__name__}")
+    members: dict[str, Any] = model.__dict__
+    return members
+
+
+_RECORD_PARTS = frozenset(
+    {
+        records.Fixed,
+        records.C3Match,
+        records.FieldRecord,
+        records.ValueGate,
+        records.UnknownFieldEntry,
+        records.UnverifiedItemEntry,
+        records.IntentGate,
+        records.ToolGate,
+        records.DefinitionGate,
+        records.ProposalGate,
+        records.AdmissionGate,
+        records.ExecutionGate,
+        records.AdmissionVerdict,
+    }
+)
+
+
+def _rebuilt(kept: ExecutionRecord | _Kept) -> ExecutionRecord:
+    """The record `kept` keeps (`_kept`), equal to the record persisted."""
+    if type(kept) is not tuple:
+        return kept  # type: ignore[return-value]
+    text, members, texts, erased = kept
+    record = ExecutionRecord.model_validate_json(text)
+    private = private_attrs(record)
+    if members is not None:
+        private["_run"] = RunRef.of_members(members)
+    if texts is not None:
+        private["_events"] = KeptEvents(texts)
+    private["_erased"] = erased
+    return record
 
 
 class MemoryEventSink:
