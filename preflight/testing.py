@@ -52,7 +52,7 @@ class MemoryStorage:
         return list(self._records)
 
 
-#: A record as `MemoryStorage` keeps it: its JSON (`ExecutionRecord.written`), its run reference's members (or
+#: A record as `MemoryStorage` keeps it: its members' JSON (written by `_kept`), its run reference's members (or
 #: None), its run's events as their published bytes (None: it holds no events) and its erased slots.
 _Kept = tuple[bytes, RunRefMembers | None, tuple[bytes, ...] | None, tuple[str, ...]]
 
