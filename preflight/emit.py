@@ -35,7 +35,7 @@ from preflight.events import (
     RunStarted,
     ToolMatchDecided,
     digest,
-    native_sealer,
+    native_pass,
     seal,
     sealed_later,
     sealed_text,
@@ -67,7 +67,9 @@ class _Chain:
         self.prev = GENESIS_HASH
         self.seq = 0
         self.sealer: RunSealer | None = None
-        self.native = native_sealer()
+        # Where the compiled pass seals (`native_pass`), asked once a run: every event of the chain is of the
+        # current version (it writes it) after a text link (the genesis, then each event's hash).
+        self.native = native_pass(EVENT_SCHEMA_VERSION, GENESIS_HASH)
 
     def add(self, event_type: str, payload: dict[str, Any]) -> None:
         """Seal the event of `event_type` with `payload` (its own members, in order; not changed) as the
@@ -88,13 +90,10 @@ class _Chain:
             **payload,
             "hash": HASH_PLACEHOLDER,
         }
-        # `sealed_text`, its compiled pass called here where it applies (the chain's version, a text link);
-        # with the kept verdict below, ~3 us a run of calls, checks and shape keys (bench/README.md, engine,
-        # twelfth pass).
+        # `sealed_text`, its compiled pass called here (where `native_pass` says it applies): one call less an
+        # event (bench/README.md, engine, twelfth pass).
         native = self.native
-        answer = (
-            native(fields, prev) if native is not None and fields["schema_version"] == EVENT_SCHEMA_VERSION else None
-        )
+        answer = native(fields, prev) if native is not None else None
         if answer is not None:
             fields["hash"], text = answer
         else:

@@ -507,19 +507,26 @@ def sealed(fields: dict[str, Any], *, built: bool = False) -> PreflightEvent:
     return _built(fields, sealed_text(fields), built)
 
 
-def native_sealer() -> Callable[[dict[str, Any], str], tuple[str, bytes] | None] | None:
-    """The compiled pass of `sealed_text` (None where `native/` is not built), for a caller sealing many
-    events of the current version after text links (`preflight.emit`)."""
-    return chain._native_jcs_sealed
+def native_pass(version: Any, prev: Any) -> Callable[[dict[str, Any], str], tuple[str, bytes] | None] | None:
+    """The compiled pass of `sealed_text` (RFC 8785 bytes, hash and splice in one pass) for an event of schema
+    version `version` after the link `prev`; None where it does not apply: `native/` not built, a legacy
+    version (`LEGACY_HASH_VERSIONS`, hashed over `canonical_json`), or a link that is not text. Called with the
+    event's fields and `prev`, it answers the hash and the published bytes, or None where it does not vouch
+    for them (`sealed_text` then writes them in Python).
+
+    The one rule of where the compiled pass seals: `sealed_text` asks it for each event, the engine's chain
+    (`preflight.emit`) once a run, every event of which is of the current version after a text link."""
+    native = chain._native_jcs_sealed
+    if native is None or type(prev) is not str or (type(version) is int and version in LEGACY_HASH_VERSIONS):
+        return None
+    return native
 
 
 def sealed_text(fields: dict[str, Any]) -> bytes:
     """The published bytes of the event of `fields` (as `sealed` takes them), its chain hash set in `fields`."""
-    native = chain._native_jcs_sealed
     prev = fields["prev_hash"]
-    version = fields["schema_version"]
-    if native is not None and type(prev) is str and not (type(version) is int and version in LEGACY_HASH_VERSIONS):
-        # RFC 8785 bytes, hash and splice in one compiled pass, where it vouches for them (the same bytes).
+    native = native_pass(fields["schema_version"], prev)
+    if native is not None:
         answer = native(fields, prev)
         if answer is not None:
             fields["hash"], canonical = answer
