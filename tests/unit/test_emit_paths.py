@@ -1,6 +1,6 @@
 """The ways a run's events are built and its record kept faster than the general way (bench/README.md, engine,
-twelfth pass), each held to the general way: ids drawn many at once, the chain's own seal and verdict on what
-it keeps of each event, a stored record's copy."""
+twelfth and thirteenth passes), each held to the general way: ids drawn many at once, the chain's own seal and
+verdict on what it keeps of each event, the one rule of where the compiled pass seals, a stored record's copy."""
 
 from __future__ import annotations
 
@@ -12,10 +12,18 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from preflight import MemoryStorage, create_preflight
+from preflight import MemoryStorage, chain, create_preflight
 from preflight import api as engine_api
 from preflight import scenario as sc
-from preflight.events import HASH_PLACEHOLDER, Envelope, sealed_later, sealed_text
+from preflight.chain import GENESIS_HASH, LEGACY_HASH_VERSIONS
+from preflight.events import (
+    EVENT_SCHEMA_VERSION,
+    HASH_PLACEHOLDER,
+    Envelope,
+    native_pass,
+    sealed_later,
+    sealed_text,
+)
 from preflight.protect import ValueProtector
 from preflight.records import KeptEvents, private_attrs
 from preflight.signing import DecisionSigner
@@ -119,3 +127,32 @@ async def test_a_stored_records_copy_is_the_copy_model_copy_makes(path: str) -> 
     assert private_attrs(ours)["_events"].kept is None and ours.run_ref == state.run_ref
     assert ours.__dict__ is not state.__dict__ and ours.__pydantic_fields_set__ is not state.__pydantic_fields_set__
     assert private_attrs(ours) is not private_attrs(state)
+
+
+def test_the_compiled_pass_seals_where_native_pass_says_and_only_there(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`native_pass` is the one rule of where the compiled pass seals (`sealed_text` asks it for each event, the
+    chain once a run): an event of the current version after a text link, where `native/` is built; never a
+    legacy version (hashed over `canonical_json`) or a link that is not text, and nothing without `native/`."""
+    calls: list[Any] = []
+
+    def compiled(fields: dict[str, Any], prev: str) -> tuple[str, bytes] | None:
+        calls.append(prev)
+        return None  # not vouched for: `sealed_text` writes the bytes in Python
+
+    monkeypatch.setattr(chain, "_native_jcs_sealed", compiled)
+    assert native_pass(EVENT_SCHEMA_VERSION, GENESIS_HASH) is compiled
+    assert native_pass(True, GENESIS_HASH) is compiled  # a bool is not a legacy version's int
+    for version in sorted(LEGACY_HASH_VERSIONS):
+        assert native_pass(version, GENESIS_HASH) is None
+    assert native_pass(EVENT_SCHEMA_VERSION, None) is None
+    body = {
+        "schema_version": EVENT_SCHEMA_VERSION,
+        "event_id": "e",
+        "prev_hash": GENESIS_HASH,
+        "hash": HASH_PLACEHOLDER,
+    }
+    sealed_text(dict(body))
+    sealed_text({**body, "schema_version": 2})
+    assert calls == [GENESIS_HASH]
+    monkeypatch.setattr(chain, "_native_jcs_sealed", None)
+    assert native_pass(EVENT_SCHEMA_VERSION, GENESIS_HASH) is None
