@@ -246,10 +246,12 @@ def _describe(error: Any) -> str:
 _CACHE: OrderedDict[str, _Compiled] = OrderedDict()
 
 
-def _compile(schema: Mapping[str, Any]) -> _Compiled:
-    """The schema checked, its `$ref`s resolved once, and its validator (cached by canonical JSON)."""
+def _compile(schema: Mapping[str, Any], text: str | None = None) -> _Compiled:
+    """The schema checked, its `$ref`s resolved once, and its validator (cached by canonical JSON: `text`, when the
+    caller has it, is that JSON of `schema`)."""
     try:
-        text = canonical_json(schema).decode()
+        if text is None:
+            text = canonical_json(schema).decode()
     except (TypeError, ValueError) as exc:
         raise ArgumentsError("schema_invalid", f"the input schema is not JSON: {exc}") from exc
     if len(text) > MAX_SCHEMA_BYTES:
@@ -442,13 +444,17 @@ def _is_object(schema: Mapping[str, Any]) -> bool:
     return kind == "object" or (kind is None and isinstance(schema.get("properties"), Mapping))
 
 
-def plan_call(schema: Mapping[str, Any], required: Sequence[str], proposal: Any = None) -> CallPlan:
+def plan_call(
+    schema: Mapping[str, Any], required: Sequence[str], proposal: Any = None, *, text: str | None = None
+) -> CallPlan:
     """The leaves of a call to a tool with input `schema`, whose top-level required arguments are `required`
-    (the provider checklist), given the model's `proposal` (its tools/call arguments; None: none).
+    (the provider checklist), given the model's `proposal` (its tools/call arguments; None: none). `text`, when
+    given, is `schema`'s canonical JSON as text, which its compiled check is kept by (`Tool.input_schema_text`:
+    written once a tool, not at every run's plan); else it is written here.
 
     :raises ArgumentsError: the schema or the proposal is unusable (see the module doc).
     """
-    compiled = _compile(schema)
+    compiled = _compile(schema, text)
     names = tuple(required)
     if proposal is None:
         kept = compiled.plans.get(names)

@@ -28,7 +28,7 @@ from pydantic import (
 )
 
 from preflight.admission import Approval, EnvironmentState, InvocationRecord
-from preflight.chain import plain_json
+from preflight.chain import canonical_json, plain_json
 from preflight.records import ExecutionRecord
 
 Trust = Literal["user", "untrusted"]
@@ -149,6 +149,8 @@ class Tool(BaseModel):
     _schema_json: dict[str, Any] | None = PrivateAttr(default=None)
     # The digest of `_canonical` (`recorded_digest`), taken with it.
     _digest: str | None = PrivateAttr(default=None)
+    # Its input schema's canonical JSON as text (`input_schema_text`), written when first asked.
+    _schema_text: str | None = PrivateAttr(default=None)
 
     def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Any:
         """A copy, without the kept dump: a changed copy is dumped from its fields (`recorded_json`)."""
@@ -158,7 +160,27 @@ class Tool(BaseModel):
             copied.__pydantic_private__["_canonical"] = None
             copied.__pydantic_private__["_schema_json"] = None
             copied.__pydantic_private__["_digest"] = None
+            copied.__pydantic_private__["_schema_text"] = None
         return copied
+
+    def input_schema_text(self) -> str | None:
+        """`canonical_json(input_schema_json)` as text, which the schema's compiled check is kept by
+        (`preflight.arguments.plan_call`): written once a tool, when first asked, where every run's plan wrote it
+        again (~1.5 us a run in the engine bench's loop; bench/README.md, engine, thirteenth pass). None where
+        there is no input schema or it cannot be written (the plan then writes it, and names the defect)."""
+        private = self.__pydantic_private__
+        kept: str | None = private.get("_schema_text") if private is not None else None
+        if kept is None:
+            schema = self.input_schema_json
+            if schema is None:
+                return None
+            try:
+                kept = canonical_json(schema).decode()
+            except (TypeError, ValueError, RecursionError):
+                return None
+            if private is not None:
+                private["_schema_text"] = kept
+        return kept
 
     def recorded_digest(self) -> str | None:
         """``sha256:<hex>`` of `recorded_canonical` (what `preflight.chain.digest` gives of `recorded_json`),
