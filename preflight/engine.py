@@ -625,25 +625,34 @@ class _Run:
         key = self.action_key
         assert key is not None
         baseline = BaselineReader(inp.prior_execution_state, inp.prior_state_given, lambda: self.load_baseline(key))
+        ctx, hooks, clock, settled = self.ctx, self.hooks, self.clock, self.resolved
         for leaf in plan.leaves:
             check = functools.partial(plan.leaf_violation, leaf)
-            self.resolved.append(await settle_field(leaf.name, self.ctx, self.hooks, baseline, self.clock(), check))
+            settled.append(await settle_field(leaf.name, ctx, hooks, baseline, clock(), check))
         self.check_the_call()
         if inp.proposed_arguments is not None:
             self.resolved = [_with_proposal(r, leaf) for r, leaf in zip(self.resolved, plan.leaves, strict=True)]
-        for resolved in self.resolved:
+        took = self.trace.steps.append
+        fields: list[FieldRecord] = []
+        self.fields = fields
+        for resolved in self.resolved:  # `Trace.took` of each, and the fields, in one walk
             field = resolved.written if resolved.written is not None else resolved.field.as_json()
-            self.trace.took("field_resolved", field=field, evidence=resolved.evidence.as_json())
-        self.fields = [r.field for r in self.resolved]
+            took(("field_resolved", {"field": field, "evidence": resolved.evidence.as_json()}))
+            fields.append(resolved.field)
         return None
 
     def check_the_call(self) -> None:
         """Every leaf known: the assembled call against the whole schema; a violation turns the leaves under
         its path unknown, with the reason."""
-        settled = [r.field for r in self.resolved]
-        if not settled or any(f.status != "known" for f in settled):
+        values: dict[str, Any] = {}
+        for resolved in self.resolved:  # one walk, no generator or comprehension frames (~1 us a run)
+            f = resolved.field
+            if f.status != "known":
+                return
+            values[f.name] = f.value
+        if not values:
             return
-        self.call = call_arguments({f.name: f.value for f in settled})
+        self.call = call_arguments(values)
         problems = self.plan.violations_of(self.call)
         if not problems:
             return
