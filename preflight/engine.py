@@ -608,19 +608,20 @@ class _Run:
     # against the whole schema, once every leaf is known.
     async def look_up_fields(self) -> Decided | None:
         inp, plan = self.inp, self.plan
+        given = inp.__dict__  # its members read from its dict, not as a model's attributes (`lookup._apply_policy`)
         self.ctx = LookupContext.of(
-            user_id=inp.user_id,
-            instruction=inp.instruction,
-            user_answers=inp.user_answers,
-            answers_origin=inp.answers_origin,
-            checklist_answers=inp.checklist_answers,
-            pre_set_data=inp.pre_set_data,
-            measured_data=inp.measured_data,
-            prior_execution_state=inp.prior_execution_state,
+            user_id=given["user_id"],
+            instruction=given["instruction"],
+            user_answers=given["user_answers"],
+            answers_origin=given["answers_origin"],
+            checklist_answers=given["checklist_answers"],
+            pre_set_data=given["pre_set_data"],
+            measured_data=given["measured_data"],
+            prior_execution_state=given["prior_execution_state"],
             phase=self.phase,
             field_schemas={leaf.name: leaf.schema for leaf in plan.leaves},
             input_schema=plan.schema,
-            proposed_arguments=inp.proposed_arguments,
+            proposed_arguments=given["proposed_arguments"],
         )
         key = self.action_key
         assert key is not None
@@ -646,10 +647,10 @@ class _Run:
         its path unknown, with the reason."""
         values: dict[str, Any] = {}
         for resolved in self.resolved:  # one walk, no generator or comprehension frames (~1 us a run)
-            f = resolved.field
-            if f.status != "known":
+            f = resolved.field.__dict__  # its members, read from its dict (`lookup._apply_policy`)
+            if f["status"] != "known":
                 return
-            values[f.name] = f.value
+            values[f["name"]] = f["value"]
         if not values:
             return
         self.call = call_arguments(values)
