@@ -608,20 +608,20 @@ class _Run:
     # against the whole schema, once every leaf is known.
     async def look_up_fields(self) -> Decided | None:
         inp, plan = self.inp, self.plan
-        given = inp.__dict__  # its members read from its dict, not as a model's attributes (`lookup._apply_policy`)
+        members = inp.__dict__  # its members read from its dict, not as a model's attributes (`lookup._apply_policy`)
         self.ctx = LookupContext.of(
-            user_id=given["user_id"],
-            instruction=given["instruction"],
-            user_answers=given["user_answers"],
-            answers_origin=given["answers_origin"],
-            checklist_answers=given["checklist_answers"],
-            pre_set_data=given["pre_set_data"],
-            measured_data=given["measured_data"],
-            prior_execution_state=given["prior_execution_state"],
+            user_id=members["user_id"],
+            instruction=members["instruction"],
+            user_answers=members["user_answers"],
+            answers_origin=members["answers_origin"],
+            checklist_answers=members["checklist_answers"],
+            pre_set_data=members["pre_set_data"],
+            measured_data=members["measured_data"],
+            prior_execution_state=members["prior_execution_state"],
             phase=self.phase,
             field_schemas={leaf.name: leaf.schema for leaf in plan.leaves},
             input_schema=plan.schema,
-            proposed_arguments=given["proposed_arguments"],
+            proposed_arguments=members["proposed_arguments"],
         )
         key = self.action_key
         assert key is not None
