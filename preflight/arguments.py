@@ -192,7 +192,7 @@ class _Compiled:
         None: no compiled root, a leaf holding a reference keyword (`$ref`, `$dynamicRef`, `$recursiveRef`:
         `jsonschema` resolves it against the root) or naming its own `$schema`."""
         kept = self.leaves.get(leaf.name)
-        if kept is not None and kept[0] == leaf.schema:
+        if kept is not None and (kept[0] is leaf.schema or kept[0] == leaf.schema):  # a kept plan's own schema
             return kept[1]
         fast = None
         if self.fast is not None and "$schema" not in leaf.schema and not _refers(leaf.schema):

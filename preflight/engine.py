@@ -633,42 +633,52 @@ class _Run:
     # against the whole schema, once every leaf is known.
     async def look_up_fields(self) -> Decided | None:
         inp, plan = self.inp, self.plan
+        members = inp.__dict__  # its members read from its dict, not as a model's attributes (`lookup._apply_policy`)
         self.ctx = LookupContext.of(
-            user_id=inp.user_id,
-            instruction=inp.instruction,
-            user_answers=inp.user_answers,
-            answers_origin=inp.answers_origin,
-            checklist_answers=inp.checklist_answers,
-            pre_set_data=inp.pre_set_data,
-            measured_data=inp.measured_data,
-            prior_execution_state=inp.prior_execution_state,
+            user_id=members["user_id"],
+            instruction=members["instruction"],
+            user_answers=members["user_answers"],
+            answers_origin=members["answers_origin"],
+            checklist_answers=members["checklist_answers"],
+            pre_set_data=members["pre_set_data"],
+            measured_data=members["measured_data"],
+            prior_execution_state=members["prior_execution_state"],
             phase=self.phase,
             field_schemas={leaf.name: leaf.schema for leaf in plan.leaves},
             input_schema=plan.schema,
-            proposed_arguments=inp.proposed_arguments,
+            proposed_arguments=members["proposed_arguments"],
         )
         key = self.action_key
         assert key is not None
         baseline = BaselineReader(inp.prior_execution_state, inp.prior_state_given, lambda: self.load_baseline(key))
+        ctx, hooks, clock, settled = self.ctx, self.hooks, self.clock, self.resolved
         for leaf in plan.leaves:
             check = functools.partial(plan.leaf_violation, leaf)
-            self.resolved.append(await settle_field(leaf.name, self.ctx, self.hooks, baseline, self.clock(), check))
+            settled.append(await settle_field(leaf.name, ctx, hooks, baseline, clock(), check))
         self.check_the_call()
         if inp.proposed_arguments is not None:
             self.resolved = [_with_proposal(r, leaf) for r, leaf in zip(self.resolved, plan.leaves, strict=True)]
-        for resolved in self.resolved:
+        took = self.trace.steps.append
+        fields: list[FieldRecord] = []
+        self.fields = fields
+        for resolved in self.resolved:  # `Trace.took` of each, and the fields, in one walk
             field = resolved.written if resolved.written is not None else resolved.field.as_json()
-            self.trace.took("field_resolved", field=field, evidence=resolved.evidence.as_json())
-        self.fields = [r.field for r in self.resolved]
+            took(("field_resolved", {"field": field, "evidence": resolved.evidence.as_json()}))
+            fields.append(resolved.field)
         return None
 
     def check_the_call(self) -> None:
         """Every leaf known: the assembled call against the whole schema; a violation turns the leaves under
         its path unknown, with the reason."""
-        settled = [r.field for r in self.resolved]
-        if not settled or any(f.status != "known" for f in settled):
+        values: dict[str, Any] = {}
+        for resolved in self.resolved:  # one walk, no generator or comprehension frames (~1 us a run)
+            f = resolved.field.__dict__  # its members, read from its dict (`lookup._apply_policy`)
+            if f["status"] != "known":
+                return
+            values[f["name"]] = f["value"]
+        if not values:
             return
-        self.call = call_arguments({f.name: f.value for f in settled})
+        self.call = call_arguments(values)
         problems = self.plan.violations_of(self.call)
         if not problems:
             return

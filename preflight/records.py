@@ -113,7 +113,8 @@ class FieldRecord(BaseModel):
         members given included."""
         if type(name) is not str or type(at) is not str or source not in _FOUND_SOURCES:
             return cls(name=name, value=value, status="known", source=source, origin_source=source, resolved_at=at)
-        record = cls.__new__(cls)
+        # Not `cls.__new__`, looked up through pydantic's metaclass `__getattr__`: ~400 against ~225 ns.
+        record = _new(cls)
         _set(
             record,
             "__dict__",
@@ -198,6 +199,8 @@ _FIELD_OPTIONAL = (
 _FOUND_GIVEN = {"name", "value", "status", "source", "origin_source", "resolved_at"}
 _FOUND_SOURCES = frozenset(get_args(OriginSource))
 _set = object.__setattr__
+#: A model's `__new__` (pydantic's models define none).
+_new = object.__new__
 _INT64 = 2**63 - 1
 
 
@@ -670,7 +673,8 @@ class ExecutionRecord(BaseModel):
         if not _assemblable(values):
             return cls.model_validate(values)
         fields = values["fields"]
-        record = cls.__new__(cls)
+        # Not `cls.__new__`, looked up through pydantic's metaclass `__getattr__`: ~400 against ~225 ns.
+        record = _new(cls)
         _set(
             record,
             "__dict__",
