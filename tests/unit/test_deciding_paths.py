@@ -5,7 +5,6 @@ apart (the golden corpus checks the bytes of whole runs; these check the parts o
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 from hypothesis import given, settings
@@ -16,20 +15,15 @@ from preflight.arguments import plan_call
 from preflight.chain import canonical_json
 from preflight.inputs import Tool
 from preflight.records import WHEN_CASES, C3Match, Fixed
-
-_JSON = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
-    max_leaves=8,
-)
-_TEXT = st.none() | st.text(max_size=8)
+from tests.mcp_corpus import corpus_tools
+from tests.strategies import JSON_VALUES, SHORT_TEXT
 
 
 @settings(max_examples=400, deadline=None)
 @given(
     c1=st.none() | st.sampled_from(WHEN_CASES),
-    c2=_TEXT,
-    c3=_TEXT,
+    c2=SHORT_TEXT,
+    c3=SHORT_TEXT,
     c2_source=st.none() | st.sampled_from(["instruction", "pre_set_data"]),
     approved=st.booleans(),
     reason=st.text(max_size=8),
@@ -51,11 +45,7 @@ def test_the_tool_verdict_validated_with_the_fixed_checklist_is_the_one_built_fi
     assert ours.__pydantic_private__ == built.__pydantic_private__
 
 
-_TOOLS = [
-    tool
-    for path in sorted((Path(__file__).resolve().parent.parent / "fixtures" / "mcp_tools").glob("*.json"))
-    for tool in json.loads(path.read_text(encoding="utf-8"))["tools"]
-]
+_TOOLS = [entry.tool for entry in corpus_tools()]
 
 
 def _canonical_text(schema: Any) -> str | None:
@@ -76,7 +66,7 @@ def _plan(schema: Any, required: list[str], text: str | None) -> Any:
 @settings(max_examples=300, deadline=None)
 @given(
     corpus=st.sampled_from(_TOOLS),
-    extra=st.dictionaries(st.text(max_size=4), _JSON, max_size=2),
+    extra=st.dictionaries(st.text(max_size=4), JSON_VALUES, max_size=2),
     picked=st.lists(st.integers(0, 40), max_size=3),
 )
 def test_a_tools_kept_schema_text_is_its_schemas_canonical_json(

@@ -16,7 +16,6 @@ import dataclasses
 import hashlib
 import json
 import unicodedata
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -60,6 +59,8 @@ from preflight.records import (
     private_attrs,
 )
 from preflight.signing import DecisionSigner
+from tests.mcp_corpus import corpus_tools
+from tests.strategies import JSON_VALUES, SHORT_TEXT
 
 ENVELOPE: dict[str, Any] = {
     "event_id": "00000000-0000-4000-8000-000000000000",
@@ -207,23 +208,15 @@ def test_the_fingerprints_ascii_shortcut_normalises_as_every_character_is(text: 
     assert normalise(text) == _normalised_char_by_char(text)
 
 
-_JSON = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
-    max_leaves=8,
-)
-_TEXT = st.none() | st.text(max_size=8)
-
-
 @settings(max_examples=400, deadline=None)
 @given(
     name=st.text(min_size=1, max_size=8),
-    value=_JSON,
+    value=JSON_VALUES,
     status=st.sampled_from(["known", "unknown"]),
     source=st.sampled_from([None, "user_answer", "instruction", "pre_set_data", "measured_data", "prior_state"]),
     origin=st.sampled_from([None, "user_answer", "instruction", "pre_set_data", "measured_data"]),
     flags=st.tuples(st.none() | st.booleans(), st.none() | st.booleans()),
-    texts=st.tuples(_TEXT, _TEXT),
+    texts=st.tuples(SHORT_TEXT, SHORT_TEXT),
     proposal=st.sampled_from([None, "matched", "diverged", "absent"]),
 )
 def test_a_fields_json_is_its_models_dump(
@@ -275,7 +268,7 @@ def assert_built_as_validated(built: Any, validated: Any) -> None:
 @settings(max_examples=400, deadline=None)
 @given(
     name=st.text(min_size=1, max_size=8),
-    value=_JSON,
+    value=JSON_VALUES,
     source=st.sampled_from(["user_answer", "instruction", "pre_set_data", "measured_data"]),
     at=st.text(max_size=24),
 )
@@ -376,7 +369,7 @@ async def test_a_record_carrying_its_run_is_the_copy_model_copy_makes(path: str)
 
 
 @settings(max_examples=200, deadline=None)
-@given(diag=st.none() | st.dictionaries(st.text(max_size=4), _JSON, max_size=3), checklist=_JSON)
+@given(diag=st.none() | st.dictionaries(st.text(max_size=4), JSON_VALUES, max_size=3), checklist=JSON_VALUES)
 def test_a_value_gates_and_a_records_json_are_their_models_dumps(diag: Any, checklist: Any) -> None:
     """Any `_diag` and user checklist, plain JSON or not (floats are written by the model's serializer)."""
     gate = ValueGate.model_validate(
@@ -414,8 +407,8 @@ def test_a_value_gates_and_a_records_json_are_their_models_dumps(diag: Any, chec
 _FIXED = st.none() | st.builds(
     Fixed,
     c1_when_case=st.sampled_from([None, "immediate"]),
-    c2_user_action_name=_TEXT,
-    c3_provider_action_name=_TEXT,
+    c2_user_action_name=SHORT_TEXT,
+    c3_provider_action_name=SHORT_TEXT,
 )
 _FOUND = st.builds(
     FieldRecord.found,
@@ -428,14 +421,14 @@ _FOUND = st.builds(
 
 @settings(max_examples=300, deadline=None)
 @given(
-    action_key=_TEXT,
+    action_key=SHORT_TEXT,
     phase=st.sampled_from([None, "at_instruction", "at_trigger"]),
     fixed=_FIXED,
     fields=st.none() | st.lists(_FOUND, max_size=3),
     advisory=st.text(max_size=4),
-    checklist=st.lists(_JSON, max_size=3),
+    checklist=st.lists(JSON_VALUES, max_size=3),
     counts=st.tuples(st.none() | st.integers() | st.booleans(), st.none() | st.integers()),
-    diag=st.none() | st.dictionaries(st.text(max_size=4), _JSON, max_size=2),
+    diag=st.none() | st.dictionaries(st.text(max_size=4), JSON_VALUES, max_size=2),
     decision=st.sampled_from(["execute", "ask_user", "hold", "deferred", "executed"]),
     texts=st.tuples(st.text(max_size=6), st.text(max_size=6)),
     admission=st.none()
@@ -444,7 +437,7 @@ _FOUND = st.builds(
         effect_class=st.text(max_size=3),
         status=st.just("ok"),
         code=st.just("c"),
-        correlation_id=_TEXT,
+        correlation_id=SHORT_TEXT,
     ),
 )
 def test_a_decided_record_is_what_validation_gives(
@@ -549,18 +542,14 @@ def test_the_default_reason_is_answered_from_the_gate_as_from_its_json(
     assert custom == "other" and given == [gate.as_json()]
 
 
-_TOOLS = [
-    tool
-    for path in sorted((Path(__file__).resolve().parent.parent / "fixtures" / "mcp_tools").glob("*.json"))
-    for tool in json.loads(path.read_text(encoding="utf-8"))["tools"]
-]
+_TOOLS = [entry.tool for entry in corpus_tools()]
 
 
 @settings(max_examples=300, deadline=None)
 @given(
     corpus=st.sampled_from(_TOOLS),
     name=st.text(min_size=1, max_size=6),
-    annotations=st.none() | st.dictionaries(st.text(max_size=4), _JSON, max_size=3),
+    annotations=st.none() | st.dictionaries(st.text(max_size=4), JSON_VALUES, max_size=3),
 )
 def test_a_tools_kept_bytes_digest_as_its_json_does(corpus: dict[str, Any], name: str, annotations: Any) -> None:
     """The run's start digests the bytes a tool kept when validated (`Tool.recorded_canonical`) where it has
@@ -613,7 +602,7 @@ _RETYPED = st.sampled_from([1, 1.0, True, "1", None, [1], (1,), {"1": 1}])
 @given(
     corpus=st.sampled_from(_TOOLS),
     name=st.text(min_size=1, max_size=6),
-    annotations=st.none() | st.dictionaries(st.text(max_size=4), _JSON, max_size=3),
+    annotations=st.none() | st.dictionaries(st.text(max_size=4), JSON_VALUES, max_size=3),
     retyped=st.tuples(_RETYPED, _RETYPED),
 )
 def test_a_tool_validated_once_is_the_tool_its_json_validates_to(
