@@ -84,9 +84,14 @@ def test_a_field_policys_answer_is_read_alike_as_a_dict_a_mapping_or_an_object(
     assert all(v.as_json() == verdicts[0].as_json() for v in verdicts)
 
 
+async def _no_baseline() -> None:
+    """The baseline load of an action that has none."""
+    return None
+
+
 def _claimed(found: Any) -> Resolved:
     hooks = {**sc.hooks(), "extract_from_instruction": lambda name, instruction: found}
-    baseline = BaselineReader(None, True, lambda: asyncio.sleep(0, None))
+    baseline = BaselineReader(None, True, _no_baseline)
     return asyncio.run(lookup_field("amount", _ctx(), hooks, baseline, "2026-12-05T08:03:01.123Z"))
 
 
