@@ -10,7 +10,7 @@ that cannot be recorded, proposals, nested leaves of real tools) and every gate,
 `require_approval`, plus malformed inputs::
 
     python bench/golden_corpus.py before.txt            # the compiled seal, where `native/` is built
-    python bench/golden_corpus.py before-py.txt --python  # the Python writer
+    python bench/golden_corpus.py before-py.txt --python  # the Python writer and walks
     ... change the code ...
     python bench/golden_corpus.py after.txt && cmp before.txt after.txt
 
@@ -414,11 +414,12 @@ async def corpus() -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path, help="where to write the corpus")
-    parser.add_argument("--python", action="store_true", help="the Python canonical writer (no compiled seal)")
+    parser.add_argument("--python", action="store_true", help="the Python writer and walks (no native/)")
     args = parser.parse_args()
     if args.python:
         chain._native_jcs = None
         chain._native_jcs_sealed = None
+        chain._native_plain = None
     _fix_randomness()
     lines = asyncio.run(corpus())
     args.out.write_text("\n".join(lines) + "\n", encoding="utf-8")

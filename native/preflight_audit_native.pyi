@@ -45,3 +45,9 @@ def jcs_sealed(fields: dict[str, Any], prev: str) -> tuple[str, bytes] | None:
     ignored) and the hash `prev` of the event before it, its chain hash (hex SHA-256 of `prev`, a newline
     and the RFC 8785 bytes of the members but `hash`) and its RFC 8785 bytes with that hash. None where
     `jcs` would not vouch for the members, there is no `hash` member or no member sorts after it."""
+
+def plain_json(value: Any, max_depth: int | None = None) -> bool | None:
+    """Whether `value` is made only of dicts with str keys, lists, str, bool, None and ints within
+    +-(2**63 - 1), of their exact types (`preflight.chain.plain_json`); with `max_depth`, also nested no
+    deeper than it (the top level is depth 0). Without, None where it nests deeper than 128: the caller walks
+    it."""

@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 import orjson
 
 from preflight.arguments import name_of, value_at
+from preflight.chain import plain_json
 from preflight.hooks import MISSING, Hook, LookupContext, awaiting, read, takes
 from preflight.normalise import denotes, whole_token
 from preflight.records import BaselineStatus, ExecutionRecord, FieldRecord
@@ -134,33 +135,6 @@ def _too_deep(value: Any, depth: int = 0) -> bool:
 _INT64 = 2**63 - 1
 
 
-def _plain_within_depth(data: Any) -> bool:
-    """`preflight.chain.plain_json(data)` and not `_too_deep(data)`, in one walk."""
-    stack = [(data, 0)]
-    pop, push = stack.pop, stack.append
-    while stack:
-        value, depth = pop()
-        if depth > MAX_VALUE_DEPTH:
-            return False
-        kind = type(value)
-        if kind is str or value is None or kind is bool:
-            continue
-        if kind is dict:
-            for key, item in value.items():
-                if type(key) is not str:
-                    return False
-                push((item, depth + 1))
-        elif kind is list:
-            for item in value:
-                push((item, depth + 1))
-        elif kind is int:
-            if not -_INT64 <= value <= _INT64:
-                return False
-        else:
-            return False
-    return True
-
-
 def json_value(value: Any) -> tuple[bool, Any]:
     """(True, value) if `value` can be recorded verbatim as JSON, else (False, None)."""
     kind = type(value)
@@ -176,7 +150,7 @@ def json_value(value: Any) -> tuple[bool, Any]:
         except UnicodeEncodeError:
             return False, None
         return True, value
-    if _plain_within_depth(value):
+    if plain_json(value, MAX_VALUE_DEPTH):
         # Strings, integers within 64 bits, booleans, null, lists and str-keyed dicts, nested no deeper than
         # MAX_VALUE_DEPTH: orjson's round trip is json's (same values, same key order) in a tenth of the
         # time; it refuses a lone surrogate (TypeError) where json's text would fail to encode below.

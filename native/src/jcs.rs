@@ -251,6 +251,54 @@ pub fn jcs_sealed<'py>(
     Some((hex, PyBytes::new(py, &sealed)))
 }
 
+/// Whether `value` is plain JSON as `preflight.chain.plain_json` says it (its compiled walk): made only of dicts
+/// with `str` keys, lists, `str`, `bool`, `None` and `int` within +-(2**63 - 1), each of its exact built-in
+/// type -- the values `jcs` vouches for, bar a lone surrogate (a `str` all the same) and `i64::MIN`. With
+/// `max_depth`, also nested no deeper than it (the top level is depth 0; any value below it is refused).
+/// Without, None where the value nests deeper than `JCS_MAX_DEPTH`: the caller walks it (a value holding
+/// itself is then the caller's, as before). The walk keeps its own stack: no recursion.
+#[pyfunction]
+#[pyo3(signature = (value, max_depth=None))]
+pub fn plain_json(value: &Bound<'_, PyAny>, max_depth: Option<usize>) -> Option<bool> {
+    let limit = max_depth.unwrap_or(JCS_MAX_DEPTH);
+    let mut stack: Vec<(Bound<'_, PyAny>, usize)> = vec![(value.clone(), 0)];
+    while let Some((value, depth)) = stack.pop() {
+        if depth > limit {
+            return if max_depth.is_some() {
+                Some(false)
+            } else {
+                None
+            };
+        }
+        if value.is_none()
+            || value.is_exact_instance_of::<PyString>()
+            || value.is_exact_instance_of::<PyBool>()
+        {
+            continue;
+        }
+        if value.is_exact_instance_of::<PyDict>() {
+            for (key, item) in value.cast::<PyDict>().ok()?.iter() {
+                if !key.is_exact_instance_of::<PyString>() {
+                    return Some(false);
+                }
+                stack.push((item, depth + 1));
+            }
+        } else if value.is_exact_instance_of::<PyList>() {
+            for item in value.cast::<PyList>().ok()?.iter() {
+                stack.push((item, depth + 1));
+            }
+        } else if value.is_exact_instance_of::<PyInt>() {
+            match value.extract::<i64>() {
+                Ok(number) if number != i64::MIN => {}
+                _ => return Some(false),
+            }
+        } else {
+            return Some(false);
+        }
+    }
+    Some(true)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
