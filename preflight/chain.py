@@ -148,30 +148,17 @@ def _plain(data: Any, limit: int, *, keys_checked: bool = False) -> bool:
 
 
 def _plain_within(data: Any, max_depth: int) -> bool:
-    """`_plain(data, _INT64)` and nested no deeper than `max_depth` (the top level is depth 0), in one walk."""
+    """`_plain(data, _INT64)` and nested no deeper than `max_depth` (the top level is depth 0). The depth is
+    walked first, so that a value holding itself ends too."""
     stack = [(data, 0)]
-    pop, push = stack.pop, stack.append
     while stack:
-        value, depth = pop()
+        value, depth = stack.pop()
         if depth > max_depth:
             return False
         kind = type(value)
-        if kind is str or value is None or kind is bool:
-            continue
-        if kind is dict:
-            for key, item in value.items():
-                if type(key) is not str:
-                    return False
-                push((item, depth + 1))
-        elif kind is list:
-            for item in value:
-                push((item, depth + 1))
-        elif kind is int:
-            if not -_INT64 <= value <= _INT64:
-                return False
-        else:
-            return False
-    return True
+        if kind is dict or kind is list:
+            stack.extend((item, depth + 1) for item in (value.values() if kind is dict else value))
+    return _plain(data, _INT64)
 
 
 def plain_json(data: Any, max_depth: int | None = None) -> bool:

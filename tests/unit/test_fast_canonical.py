@@ -10,10 +10,7 @@ characters, escapes, integers at the 53- and 64-bit edges, nesting.
 from __future__ import annotations
 
 import hashlib
-import importlib
 import json
-import os
-import shutil
 from types import ModuleType
 from typing import Any
 
@@ -47,16 +44,6 @@ def _holds_float(value: Any) -> bool:
     if isinstance(value, list):
         return any(_holds_float(item) for item in value)
     return isinstance(value, float)
-
-
-@pytest.fixture(scope="module")
-def native() -> ModuleType:
-    try:
-        return importlib.import_module("preflight_audit_native")
-    except ImportError:
-        if shutil.which("cargo") is not None or os.environ.get("CI") == "true":
-            raise
-        pytest.skip("preflight_audit_native is not built: no Rust toolchain on this machine")
 
 
 #: Characters that separate the orders and the escapes: ASCII, controls, the quote and backslash, the

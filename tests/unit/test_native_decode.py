@@ -13,11 +13,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import importlib
 import json
 import os
 import pickle
-import shutil
 from collections.abc import Iterator, Sequence
 from functools import cache
 from types import ModuleType
@@ -46,22 +44,6 @@ from tests.unit.test_projection_rows import (
 )
 
 _MAX_DIGITS = 18
-
-
-def _native() -> ModuleType:
-    try:
-        return importlib.import_module("preflight_audit_native")
-    except ImportError:
-        if shutil.which("cargo") is not None:  # `make` builds it wherever there is a Rust toolchain
-            raise
-        if os.environ.get("CI"):
-            pytest.fail("preflight_audit_native is not built on CI: it needs a Rust toolchain (cargo)", pytrace=False)
-        pytest.skip("preflight_audit_native is not built: no Rust toolchain on this machine")
-
-
-@pytest.fixture(scope="module")
-def native() -> ModuleType:
-    return _native()
 
 
 def test_the_projector_uses_the_compiled_check_when_it_is_built(native: ModuleType) -> None:

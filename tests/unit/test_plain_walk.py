@@ -8,9 +8,6 @@ and nesting at and beyond each depth limit.
 
 from __future__ import annotations
 
-import importlib
-import os
-import shutil
 from types import ModuleType
 from typing import Any
 
@@ -67,16 +64,6 @@ def _nested(depth: int, leaf: Any, *, in_dict: bool = False) -> Any:
     for level in range(depth):
         value = {"k": value} if in_dict and level % 2 else [value]
     return value
-
-
-@pytest.fixture(scope="module")
-def native() -> ModuleType:
-    try:
-        return importlib.import_module("preflight_audit_native")
-    except ImportError:
-        if shutil.which("cargo") is not None or os.environ.get("CI") == "true":
-            raise
-        pytest.skip("preflight_audit_native is not built: no Rust toolchain on this machine")
 
 
 class TestTheCompiledWalk:
