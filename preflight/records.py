@@ -145,9 +145,11 @@ class FieldRecord(BaseModel):
         (`tests/unit/test_hot_path.py`)."""
         return self.written()[0]
 
-    def written(self) -> tuple[dict[str, Any], bool]:
+    def written(self, *, copied: bool = True) -> tuple[dict[str, Any], bool]:
         """`as_json`, and whether it is plain JSON (`preflight.chain.plain_json`; False: not known to be),
-        as it is written: the record's digest writes plain JSON by its fast path (`ExecutionRecord.written`)."""
+        as it is written: the record's digest writes plain JSON by its fast path (`ExecutionRecord.written`).
+        Not `copied`: a plain container value is the field's own, not a copy, for a reader that only reads it
+        (the record's digest: `ExecutionRecord.written`)."""
         d = self.__dict__
         value = d["value"]
         known = d["status"] != "unknown"
@@ -157,7 +159,7 @@ class FieldRecord(BaseModel):
             if not plain_json(value):
                 dumped: dict[str, Any] = self.model_dump(mode="json")
                 return dumped, False
-            if kind is dict or kind is list:
+            if copied and (kind is dict or kind is list):
                 try:
                     value = orjson.loads(orjson.dumps(value))
                 except TypeError:  # a lone surrogate: as the model writes it
@@ -279,14 +281,16 @@ class ValueGate(BaseModel):
         the model's serializer)."""
         return self.written()[0]
 
-    def written(self) -> tuple[dict[str, Any], bool]:
-        """`as_json`, and whether it is plain JSON (as `FieldRecord.written`)."""
-        diag = self.diag
+    def written(self, *, copied: bool = True) -> tuple[dict[str, Any], bool]:
+        """`as_json`, and whether it is plain JSON (as `FieldRecord.written`); not `copied`: a plain `_diag` is the
+        gate's own (as `FieldRecord.written`)."""
+        diag = self.__dict__["diag"]
         if diag is not None:
             try:
                 if not plain_json(diag):
                     raise TypeError
-                diag = orjson.loads(orjson.dumps(diag))
+                if copied:
+                    diag = orjson.loads(orjson.dumps(diag))
             except TypeError:  # not plain, or a lone surrogate: as the model writes it
                 dumped: dict[str, Any] = self.model_dump(mode="json")
                 return dumped, False
@@ -703,9 +707,11 @@ class ExecutionRecord(BaseModel):
 
     def as_json(self) -> dict[str, Any]:
         """`model_dump(mode="json")`, the same dict in the same key order, written from its parts' own
-        writers (`FieldRecord.as_json`, `Fixed.as_json`, `ValueGate.as_json`) when its JSON values are plain
-        (`preflight.chain.plain_json`; those are shared with the record, not copied: read it, never change
-        it), else by the model's serializer. The record's digest is taken from it when an `execute` decision
+        writers (`FieldRecord.written`, `Fixed.as_json`, `ValueGate.written`) when its JSON values are plain
+        (`preflight.chain.plain_json`; those -- the checklist, the deferred input, a field's container value,
+        the gate's `_diag` -- are shared with the record, not copied: read it, never change it), else by the
+        model's serializer. Not copied: the digest only reads them, and the gate's `_diag` copied by orjson was
+        ~2-3 us of the bench's loop a record (bench/README.md, engine, fourteenth pass). The record's digest is taken from it when an `execute` decision
         is recorded and again when it is acted on; a test holds the two equal (`tests/unit/test_hot_path.py`)."""
         return self.written()[0]
 
@@ -725,13 +731,13 @@ class ExecutionRecord(BaseModel):
         if fields is not None:
             written_fields = []
             for each in fields:
-                field_json, field_plain = each.written()
+                field_json, field_plain = each.written(copied=False)
                 written_fields.append(field_json)
                 plain = plain and field_plain
         if gate is None:
             gate_json = None
         elif type(gate) is ValueGate:
-            gate_json, gate_plain = gate.written()
+            gate_json, gate_plain = gate.written(copied=False)
             plain = plain and gate_plain
         else:
             gate_json, plain = gate.model_dump(mode="json"), False
