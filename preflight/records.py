@@ -711,8 +711,9 @@ class ExecutionRecord(BaseModel):
         (`preflight.chain.plain_json`; those -- the checklist, the deferred input, a field's container value,
         the gate's `_diag` -- are shared with the record, not copied: read it, never change it), else by the
         model's serializer. Not copied: the digest only reads them, and the gate's `_diag` copied by orjson was
-        ~2-3 us of the bench's loop a record (bench/README.md, engine, fourteenth pass). The record's digest is taken from it when an `execute` decision
-        is recorded and again when it is acted on; a test holds the two equal (`tests/unit/test_hot_path.py`)."""
+        ~1 us of the bench's loop a record (bench/README.md, engine, fourteenth pass). The record's digest is taken
+        from it when an `execute` decision is recorded and again when it is acted on; a test holds the two equal
+        (`tests/unit/test_hot_path.py`)."""
         return self.written()[0]
 
     def written(self) -> tuple[dict[str, Any], bool]:

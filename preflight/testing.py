@@ -74,7 +74,7 @@ def _kept(record: ExecutionRecord) -> ExecutionRecord | _Kept:
         or record.__pydantic_extra__
         or not (ref is None or type(ref) is RunRef)
         or type(erased) is not tuple
-        or not all(type(slot) is str for slot in erased)
+        or (erased and not all(type(slot) is str for slot in erased))  # no generator for none (~0.3 us)
         or not (type(events) is KeptEvents or type(events) is tuple)
     ):
         return record.with_events_kept()
@@ -85,7 +85,8 @@ def _kept(record: ExecutionRecord) -> ExecutionRecord | _Kept:
         if gate is not None:
             values.append(gate.__dict__["diag"])
         if fields is not None:
-            values.extend(field.__dict__["value"] for field in fields)
+            for field in fields:  # no generator (~0.3 us)
+                values.append(field.__dict__["value"])
         if not plain_json(values):
             return record.with_events_kept()
         text = orjson.dumps(members, default=_model_members)
