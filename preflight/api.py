@@ -62,6 +62,10 @@ PENDING_EXECUTIONS = 100_000
 #: How many signed runs not yet recorded are remembered (one is normally recorded at once; an older one is
 #: verified in full when acted on).
 SIGNED_UNRECORDED = 1_000
+#: The ids a run draws at its start (`Preflight._run`, one read of random bytes): its own, and the ones its events
+#: and decision take (`len(steps) + 4`) when it took at most 11 steps; a longer run draws its own again. One read
+#: a run where there were two: ~1.5-2.5 us a run in the engine bench (bench/README.md, fourteenth pass).
+RUN_IDS = 16
 
 
 #: The last second `utc_now` wrote, and its text up to the seconds.
@@ -182,10 +186,11 @@ class Preflight:
 
     async def _run(self, input: Any, span: RunSpan) -> ExecutionRecord:
         user_id, agent_id = _ids(input)
-        run_id = new_id()
+        ids = new_ids(RUN_IDS)
+        run_id = next(ids)
         sealer = self._sealer(user_id, run_id)  # before deciding: the action key is its pseudonym
         decided = await self._decide(input, sealer.pseudonym if sealer is not None else None)
-        state = self._emit(decided, user_id, agent_id, run_id=run_id, sealer=sealer)
+        state = self._emit(decided, user_id, agent_id, run_id=run_id, sealer=sealer, ids=ids)
         span.record(state, gap_class=decided.trace.gap_class, gate=decided.trace.gate_name)
         return state
 
@@ -197,15 +202,20 @@ class Preflight:
         *,
         run_id: str | None = None,
         sealer: RunSealer | None = None,
+        ids: Iterator[str] | None = None,
     ) -> ExecutionRecord:
-        """The decided run's record, carrying its events (sealed and signed as this engine does)."""
+        """The decided run's record, carrying its events (sealed and signed as this engine does). `ids`: the
+        `RUN_IDS - 1` ids left of what the run drew at its start, if it did."""
         if run_id is None:
             run_id = new_id()
             sealer = self._sealer(user_id, run_id)
         signed: list[SignedDecision] = []
         # Every id the run's events and its decision take, at most (`run_events`: its start, its steps, the gate
-        # or deferral or approval and the decision's id, its close), drawn at once.
-        ids = new_ids(len(decided.trace.steps) + 4)
+        # or deferral or approval and the decision's id, its close): those left of the run's draw when enough
+        # are, else drawn at once now.
+        taken = len(decided.trace.steps) + 4
+        if ids is None or taken > RUN_IDS - 1:
+            ids = new_ids(taken)
         try:
             events, ref = run_events(
                 decided,
@@ -301,7 +311,8 @@ class Preflight:
         events = state.kept_events  # the models are not built to publish them (`KeptEvents`)
         if ref is None or not events or event_member(events, 0, "run_id") != ref.run_id:
             raise RecordingError("this state was not produced by a preflight run(); refusing to record it")
-        if ref.run_id in self._recorded:
+        run_id = ref.run_id  # read once: a model's member is read by pydantic's slower attribute path
+        if run_id in self._recorded:
             return state
         try:
             await self.sink.publish(events)
@@ -311,14 +322,14 @@ class Preflight:
             await self._persist(state)
         except Exception as exc:
             raise RecordingError(f"the run's record could not be stored: {exc}") from exc
-        self._recorded.add(ref.run_id)
+        self._recorded.add(run_id)
         if state.execution_decision == "execute":
             recorded = _record_digest(state)
-            signed_here = self._signed_here.pop(ref.run_id, None)
+            signed_here = self._signed_here.pop(run_id, None)
             # What this engine signed for this very record; None (a state changed since it was signed, or
             # signed elsewhere) leaves the signature to be verified when it is acted on.
             own = signed_here[1] if signed_here is not None and signed_here[0] is state else None
-            self._executable[ref.run_id] = (recorded, ref.members(), own)
+            self._executable[run_id] = (recorded, ref.members(), own)
             while len(self._executable) > PENDING_EXECUTIONS:
                 self._executable.popitem(last=False)
         return state
