@@ -63,8 +63,9 @@ PENDING_EXECUTIONS = 100_000
 #: verified in full when acted on).
 SIGNED_UNRECORDED = 1_000
 #: The ids a run draws at its start (`Preflight._run`, one read of random bytes): its own, and the ones its events
-#: and decision take (`len(steps) + 4`) when it took at most 11 steps; a longer run draws its own again. One read
-#: a run where there were two: ~1.5-2.5 us a run in the engine bench (bench/README.md, fourteenth pass).
+#: and decision take (`len(steps) + 4`) when it took at most 11 steps; a longer run draws those again. One read
+#: of random bytes a run where there were two (the run's own id was a `new_id`: ~0.9 us warm; bench/README.md,
+#: engine, fourteenth pass).
 RUN_IDS = 16
 
 
@@ -871,15 +872,16 @@ def new_id() -> str:
 
 def new_ids(count: int) -> Iterator[str]:
     """`count` ids, each as `new_id` writes it, from one read of `count` x 16 random bytes (the bytes of each in
-    turn): a run's events and decision take ten or so, and one read a run costs less than one an id (~0.9 us
-    a run against ~0.9 an id; bench/README.md, engine, twelfth pass). Nothing is kept between calls.
+    turn): a run takes a dozen or so, and one read costs what one read for one id costs (~0.9 us; bench/README.md,
+    engine, twelfth pass). Nothing is kept between calls.
 
-    All ids are written at once, in C, with no Python step an id (fourteenth pass: 11 ids ~1.8 us against ~5.2
-    written one at a time). The hex text in groups of four digits (`binascii.hexlify(raw, b"-", 2)`: an id is
-    40 characters, ``aaaa-bbbb-cccc-dddd-eeee-ffff-gggg-hhhh-``) is mended by strided slices of every id at
-    once: the version digit (at 15) made ``4``, the variant digit (at 20) given its two high bits 10, the dash
-    between ids (at 39) made a space to split by, and the three dashes an id's text has not (at 34, 29 and
-    4, each deleted from the text the last deletion left) deleted: ``aaaabbbb-cccc-4ddd-Veee-ffffgggghhhh``."""
+    All ids are written at once, in C, with no Python step an id (fourteenth pass: 11 ids ~1.85 us against
+    ~5.2 written one at a time, the read apart). The hex text in groups of four digits
+    (`binascii.hexlify(raw, b"-", 2)`: an id is 40 characters, ``aaaa-bbbb-cccc-dddd-eeee-ffff-gggg-hhhh-``) is
+    mended by strided slices of every id at once: the version digit (at 15) made ``4``, the variant digit (at
+    20) given its two high bits 10, the dash between ids (at 39) made a space to split by, and the three dashes
+    an id's text has not deleted (at 34, 29 and 4; an id is one character shorter after each deletion, so the
+    strides are 40, 39, 38): ``aaaabbbb-cccc-4ddd-Veee-ffffgggghhhh``."""
     text = bytearray(binascii.hexlify(os.urandom(16 * count), b"-", 2))
     text[15::40] = b"4" * count
     text[20::40] = text[20::40].translate(_VARIANT_DIGIT)
