@@ -209,6 +209,7 @@ def _parts() -> list[tuple[Any, str, str]]:
         (run, "tally", "  step 9: tally (gate, record model, reason)"),
         (arguments.CallPlan, "leaf_violation", "    the schema check of each leaf (jsonschema-rs, jsonschema)"),
         (arguments.CallPlan, "violations_of", "    the schema check of the whole call (jsonschema-rs, jsonschema)"),
+        (api, "new_ids", "the run's ids (its own, its events' and decision's), drawn at its start"),
         (api.Preflight, "_emit", "building the events (Preflight._emit)"),
         *(
             [(chain, "_native_jcs_sealed", "  sealing the 9 events: canonical form and hash (native/ jcs_sealed)")]
@@ -218,7 +219,6 @@ def _parts() -> list[tuple[Any, str, str]]:
         (emit, "sealed_text", "  sealing in Python, where the compiled pass does not (or is not built)"),
         (events, "event_canonical_json", "    the canonical form (RFC 8785), where sealed in Python"),
         (emit, "sealed_later", "  what a run keeps of an event, where the chain has no verdict for its shape"),
-        (api, "new_ids", "  the run's event and decision ids, drawn at once"),
         (api.Preflight, "record", "recording (Preflight.record)"),
         (api, "_record_digest", "  the record's digest (as_json + canonical form)"),
         (records.KeptEvents, "events", "the event models, built when someone asks for them"),

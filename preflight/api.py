@@ -16,6 +16,7 @@ trusted key.
 from __future__ import annotations
 
 import asyncio
+import binascii
 import logging
 import os
 import time
@@ -61,6 +62,11 @@ PENDING_EXECUTIONS = 100_000
 #: How many signed runs not yet recorded are remembered (one is normally recorded at once; an older one is
 #: verified in full when acted on).
 SIGNED_UNRECORDED = 1_000
+#: The ids a run draws at its start (`Preflight._run`, one read of random bytes): its own, and the ones its events
+#: and decision take (`len(steps) + 4`) when it took at most 11 steps; a longer run draws those again. One read
+#: of random bytes a run where there were two (the run's own id was a `new_id`: ~0.9 us warm; bench/README.md,
+#: engine, fourteenth pass).
+RUN_IDS = 16
 
 
 #: The last second `utc_now` wrote, and its text up to the seconds.
@@ -181,10 +187,11 @@ class Preflight:
 
     async def _run(self, input: Any, span: RunSpan) -> ExecutionRecord:
         user_id, agent_id = _ids(input)
-        run_id = new_id()
+        ids = new_ids(RUN_IDS)
+        run_id = next(ids)
         sealer = self._sealer(user_id, run_id)  # before deciding: the action key is its pseudonym
         decided = await self._decide(input, sealer.pseudonym if sealer is not None else None)
-        state = self._emit(decided, user_id, agent_id, run_id=run_id, sealer=sealer)
+        state = self._emit(decided, user_id, agent_id, run_id=run_id, sealer=sealer, ids=ids)
         span.record(state, gap_class=decided.trace.gap_class, gate=decided.trace.gate_name)
         return state
 
@@ -196,15 +203,20 @@ class Preflight:
         *,
         run_id: str | None = None,
         sealer: RunSealer | None = None,
+        ids: Iterator[str] | None = None,
     ) -> ExecutionRecord:
-        """The decided run's record, carrying its events (sealed and signed as this engine does)."""
+        """The decided run's record, carrying its events (sealed and signed as this engine does). `ids`: the
+        `RUN_IDS - 1` ids left of what the run drew at its start, if it did."""
         if run_id is None:
             run_id = new_id()
             sealer = self._sealer(user_id, run_id)
         signed: list[SignedDecision] = []
         # Every id the run's events and its decision take, at most (`run_events`: its start, its steps, the gate
-        # or deferral or approval and the decision's id, its close), drawn at once.
-        ids = new_ids(len(decided.trace.steps) + 4)
+        # or deferral or approval and the decision's id, its close): those left of the run's draw when enough
+        # are, else drawn at once now.
+        taken = len(decided.trace.steps) + 4
+        if ids is None or taken > RUN_IDS - 1:
+            ids = new_ids(taken)
         try:
             events, ref = run_events(
                 decided,
@@ -300,7 +312,8 @@ class Preflight:
         events = state.kept_events  # the models are not built to publish them (`KeptEvents`)
         if ref is None or not events or event_member(events, 0, "run_id") != ref.run_id:
             raise RecordingError("this state was not produced by a preflight run(); refusing to record it")
-        if ref.run_id in self._recorded:
+        run_id = ref.run_id  # read once: a model's member is read by pydantic's slower attribute path
+        if run_id in self._recorded:
             return state
         try:
             await self.sink.publish(events)
@@ -310,14 +323,14 @@ class Preflight:
             await self._persist(state)
         except Exception as exc:
             raise RecordingError(f"the run's record could not be stored: {exc}") from exc
-        self._recorded.add(ref.run_id)
+        self._recorded.add(run_id)
         if state.execution_decision == "execute":
             recorded = _record_digest(state)
-            signed_here = self._signed_here.pop(ref.run_id, None)
+            signed_here = self._signed_here.pop(run_id, None)
             # What this engine signed for this very record; None (a state changed since it was signed, or
             # signed elsewhere) leaves the signature to be verified when it is acted on.
             own = signed_here[1] if signed_here is not None and signed_here[0] is state else None
-            self._executable[ref.run_id] = (recorded, ref.members(), own)
+            self._executable[run_id] = (recorded, ref.members(), own)
             while len(self._executable) > PENDING_EXECUTIONS:
                 self._executable.popitem(last=False)
         return state
@@ -859,19 +872,30 @@ def new_id() -> str:
 
 def new_ids(count: int) -> Iterator[str]:
     """`count` ids, each as `new_id` writes it, from one read of `count` x 16 random bytes (the bytes of each in
-    turn): a run's events and decision take ten or so, and one read a run costs less than one an id (~0.6 us
-    an id against ~0.9; bench/README.md, engine, twelfth pass). Nothing is kept between calls."""
-    h = os.urandom(16 * count).hex()
-    variant = _VARIANT
-    ids = []
-    for at in range(0, 32 * count, 32):
-        x = h[at : at + 32]
-        ids.append(f"{x[:8]}-{x[8:12]}-4{x[13:16]}-{variant[x[16]]}{x[17:20]}-{x[20:]}")
-    return iter(ids)
+    turn): a run takes a dozen or so, and one read costs what one read for one id costs (~0.9 us; bench/README.md,
+    engine, twelfth pass). Nothing is kept between calls.
+
+    All ids are written at once, in C, with no Python step an id (fourteenth pass: 11 ids ~1.85 us against
+    ~5.2 written one at a time, the read apart). The hex text in groups of four digits
+    (`binascii.hexlify(raw, b"-", 2)`: an id is 40 characters, ``aaaa-bbbb-cccc-dddd-eeee-ffff-gggg-hhhh-``) is
+    mended by strided slices of every id at once: the version digit (at 15) made ``4``, the variant digit (at
+    20) given its two high bits 10, the dash between ids (at 39) made a space to split by, and the three dashes
+    an id's text has not deleted (at 34, 29 and 4; an id is one character shorter after each deletion, so the
+    strides are 40, 39, 38): ``aaaabbbb-cccc-4ddd-Veee-ffffgggghhhh``."""
+    text = bytearray(binascii.hexlify(os.urandom(16 * count), b"-", 2))
+    text[15::40] = b"4" * count
+    text[20::40] = text[20::40].translate(_VARIANT_DIGIT)
+    text[39::40] = b" " * (count - 1)
+    del text[34::40]
+    del text[29::39]
+    del text[4::38]
+    return iter(text.decode().split())
 
 
 #: A hex digit with its two high bits set to 10 (the RFC 4122 variant), by the digit.
 _VARIANT = {digit: "89ab"[int(digit, 16) & 3] for digit in "0123456789abcdef"}
+#: The same for a hex digit's ASCII byte (`bytes.translate`'s table; other bytes are never looked up).
+_VARIANT_DIGIT = bytes(range(256)).translate(bytes.maketrans(b"0123456789abcdef", b"89ab89ab89ab89ab"))
 
 
 def create_preflight(

@@ -31,10 +31,11 @@ from preflight.testing import MemoryKeyStore
 from tests.unit.test_hot_path import PATHS
 
 
-@given(st.integers(min_value=1, max_value=20).flatmap(lambda n: st.binary(min_size=16 * n, max_size=16 * n)))
+@given(st.integers(min_value=0, max_value=40).flatmap(lambda n: st.binary(min_size=16 * n, max_size=16 * n)))
 def test_ids_drawn_at_once_are_the_uuids_of_their_random_bytes(raw: bytes) -> None:
     """`new_ids(n)` gives, in turn, the text `uuid.UUID(bytes=..., version=4)` gives for each 16 bytes of one
-    read of 16 x n random bytes: what `new_id` gives for those 16 bytes read alone."""
+    read of 16 x n random bytes: what `new_id` gives for those 16 bytes read alone (none for none). It writes
+    all of them at once, by strided slices of one text; this holds it to the id-by-id way."""
     count = len(raw) // 16
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(os, "urandom", lambda n: raw[:n])
@@ -66,30 +67,38 @@ def _engines(hooks: dict[str, Any]) -> list[Any]:
     ]
 
 
+@pytest.mark.parametrize("run_ids", [engine_api.RUN_IDS, 2])
 @pytest.mark.parametrize("path", sorted(PATHS))
-async def test_a_run_takes_no_more_ids_than_it_draws(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """`Preflight._emit` draws the ids a run's events and decision take at once: never fewer than it takes
-    (down every path, signed or protected), and each one it takes once."""
+async def test_a_run_takes_no_more_ids_than_it_draws(path: str, run_ids: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run draws its own id and those its events and decision take at once, at its start (`RUN_IDS`), and
+    draws the latter again at once when too few are left (`RUN_IDS` made 2 here): never fewer than it takes
+    (down every path, signed or protected), each one it takes once, and none of a draw it left."""
     drawn: list[int] = []
-    taken: list[str] = []
+    taken: list[list[str]] = []
     real = engine_api.new_ids
 
     def counted(count: int) -> Any:
         drawn.append(count)
+        taken.append([])
         for text in real(count):
-            taken.append(text)
+            taken[-1].append(text)
             yield text
 
     monkeypatch.setattr(engine_api, "new_ids", counted)
+    monkeypatch.setattr(engine_api, "RUN_IDS", run_ids)
     hooks, given = PATHS[path]
     for pf in _engines(hooks):
         drawn.clear()
         taken.clear()
         state = await pf.run_and_record(sc.transfer(**given))
-        assert len(drawn) == 1 and len(taken) <= drawn[0]
         events = state.run_events
         ids = [e.event_id for e in events] + ([state.run_ref.decision_id] if state.run_ref.decision_id else [])
-        assert sorted(ids) == sorted(taken)
+        assert drawn[0] == run_ids and all(len(t) <= n for t, n in zip(taken, drawn, strict=True))
+        assert taken[0][0] == state.run_ref.run_id
+        if len(ids) <= run_ids - 1:  # the run's first draw was enough
+            assert len(drawn) == 1 and sorted(ids) == sorted(taken[0][1:])
+        else:  # its own id from the first, the rest from a second at once
+            assert len(drawn) == 2 and taken[0] == [state.run_ref.run_id] and sorted(ids) == sorted(taken[1])
 
 
 @pytest.mark.parametrize("path", sorted(PATHS))
