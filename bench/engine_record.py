@@ -12,14 +12,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import functools
 import gc
 import inspect
-import time
-from collections.abc import Callable
 from typing import Any
 
-from engine import HOOKS, INPUT, LogSink
+from engine import HOOKS, INPUT, LogSink, _cpu, _timed
 
 import preflight.api as api
 import preflight.engine as engine
@@ -39,39 +36,13 @@ PARTS: list[tuple[Any, str | None, str]] = [
     (api.Preflight, "_emit", "building the events (unchanged: the yardstick)"),
 ]
 
-_cpu = time.thread_time
-
-
-def _timed(fn: Callable[..., Any], spent: list[float]) -> Callable[..., Any]:
-    if inspect.iscoroutinefunction(fn):
-
-        @functools.wraps(fn)
-        async def timed_async(*args: Any, **kwargs: Any) -> Any:
-            start = _cpu()
-            try:
-                return await fn(*args, **kwargs)
-            finally:
-                spent[0] += _cpu() - start
-
-        return timed_async
-
-    @functools.wraps(fn)
-    def timed(*args: Any, **kwargs: Any) -> Any:
-        start = _cpu()
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            spent[0] += _cpu() - start
-
-    return timed
-
 
 async def part(owner: Any, name: str | None, n: int, count: int) -> list[float]:
     """The part's us of this thread's CPU a decision, for each of `count` rounds of `n` decisions."""
-    spent = [0.0]
+    spent = {"part": 0.0}
     original = inspect.getattr_static(owner, name) if owner is not None and name is not None else None
     if original is not None:
-        setattr(owner, name, _timed(original, spent))  # type: ignore[arg-type]
+        setattr(owner, name, _timed(original, "part", spent))  # type: ignore[arg-type]
     try:
         pf = create_preflight(hooks=HOOKS, storage=MemoryStorage(), sink=LogSink(), strict=True)
         for _ in range(300):
@@ -80,13 +51,13 @@ async def part(owner: Any, name: str | None, n: int, count: int) -> list[float]:
         for _ in range(count):
             gc.collect()
             gc.disable()
-            spent[0] = 0.0
+            spent["part"] = 0.0
             start = _cpu()
             for _ in range(n):
                 await pf.run_and_record(INPUT)
             whole = _cpu() - start
             gc.enable()
-            figures.append((spent[0] if original is not None else whole) / n * 1e6)
+            figures.append((spent["part"] if original is not None else whole) / n * 1e6)
         return figures
     finally:
         gc.enable()
