@@ -57,20 +57,27 @@ _GATELESS_KIND = {
 
 
 class _Chain:
-    def __init__(self, run_id: str, envelope: dict[str, Any], clock: Callable[[], str], new_id: Callable[[], str]):
-        self.run_id = run_id
+    def __init__(
+        self,
+        run_id: str,
+        envelope: tuple[str | None, str | None, str | None],
+        clock: Callable[[], str],
+        new_id: Callable[[], str],
+        sealer: RunSealer | None,
+    ):
         self.clock = clock
         self.new_id = new_id
+        self.sealer = sealer
         self.texts: list[bytes] = []
         self.kept: list[Any] = []
         self.prev = GENESIS_HASH
         self.seq = 0
-        self.sealer: RunSealer | None = None
         # Where the compiled pass seals (`native_pass`), asked once a run: every event of the chain is of the
         # current version (it writes it) after a text link (the genesis, then each event's hash).
         self.native = native_pass(EVENT_SCHEMA_VERSION, GENESIS_HASH)
-        # Every event's fields begin as a copy of these (the chain's own members, in order, then the envelope),
-        # their own values set in place: the fields a display of them all gave, in the same order.
+        # Every event's fields begin as a copy of these -- the chain's own members, in order, then the envelope
+        # (the action key, the user's and the agent's ids) -- their own values set in place.
+        action_key, user_id, agent_id = envelope
         self.head: dict[str, Any] = {
             "schema_version": EVENT_SCHEMA_VERSION,
             "event_id": None,
@@ -79,7 +86,9 @@ class _Chain:
             "seq": 0,
             "prev_hash": GENESIS_HASH,
             "occurred_at": None,
-            **envelope,
+            "action_key": action_key,
+            "user_id": user_id,
+            "agent_id": agent_id,
         }
 
     def add(self, *events: tuple[str, dict[str, Any]]) -> None:
@@ -173,8 +182,7 @@ def run_events(
     event is hashed and digests of values are keyed; the record returned to the caller keeps plaintext.
     """
     record, trace = decided.record, decided.trace
-    chain = _Chain(run_id, {"action_key": record.action_key, "user_id": user_id, "agent_id": agent_id}, clock, new_id)
-    chain.sealer = sealer
+    chain = _Chain(run_id, (record.action_key, user_id, agent_id), clock, new_id, sealer)
     if sealer is not None and record.fields is not None:
         sealer.arguments_digest = sealer.digest(call_arguments({f.name: f.value for f in record.fields}))
     # The run's start, then the steps the decision path took, in its order.
@@ -214,7 +222,12 @@ def run_events(
         decision_id = new_id()
         arguments_digest = digest(trace.arguments) if sealer is None else sealer.digest(trace.arguments)
         tool_name = record.fixed.c3_provider_action_name
-        signed: dict[str, Any] = {}
+        approved: dict[str, Any] = {
+            "decision_id": decision_id,
+            "tool_name": tool_name,
+            "arguments_digest": arguments_digest,
+            "gate": gate_json,
+        }
         if sign is not None:
             fields = {
                 "decision_id": decision_id,
@@ -223,19 +236,8 @@ def run_events(
                 "tool_name": tool_name,
                 "arguments_digest": arguments_digest,
             }
-            signed["signature"] = dict(sign(fields))
-        chain.add(
-            (
-                "execution_approved",
-                {
-                    "decision_id": decision_id,
-                    "tool_name": tool_name,
-                    "arguments_digest": arguments_digest,
-                    "gate": gate_json,
-                    **signed,
-                },
-            )
-        )
+            approved["signature"] = dict(sign(fields))
+        chain.add(("execution_approved", approved))
     else:  # pragma: no cover - decide() never yields executed/failed
         raise ValueError(f"a run cannot decide {decision!r}")
 

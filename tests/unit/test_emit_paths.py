@@ -211,7 +211,7 @@ def test_the_chains_verdict_on_each_event_is_sealed_laters(events: list[tuple[st
         payload = {name: _PAYLOAD_MEMBERS[kind][name] for name in members}
         if "signature" in payload:
             payload["signature"] = signature
-        chain = emit._Chain("r", {"action_key": "a", "user_id": "u", "agent_id": None}, lambda: "now", lambda: "e")
+        chain = emit._Chain("r", ("a", "u", None), lambda: "now", lambda: "e", None)
         fields = {
             "schema_version": EVENT_SCHEMA_VERSION,
             "event_id": "e",
