@@ -240,3 +240,21 @@ def test_the_chains_verdict_on_each_event_is_sealed_laters(events: list[tuple[st
             assert type(ours) is dict and list(ours.items()) == list(fields.items())
         else:
             assert isinstance(ours, Envelope) and ours == theirs
+
+
+@pytest.mark.parametrize("path", sorted(PATHS))
+async def test_a_decided_record_given_its_run_is_what_with_run_ref_copies(path: str) -> None:
+    """`ExecutionRecord.given_run` (the engine's own record of a run just decided, given its run in place) leaves
+    the record as `with_run_ref` would copy it: the same members, members set, extra and private attributes."""
+    hooks, given = PATHS[path]
+    state = await create_preflight({**sc.hooks(), **hooks}, MemoryStorage()).run(sc.transfer(**given))
+    ref, events = state.run_ref, private_attrs(state)["_events"]
+    assert ref is not None and isinstance(events, KeptEvents)
+    decided = state.model_copy()  # as the decision path made it: no run yet
+    private_attrs(decided).update(_run=None, _events=())
+    copied = decided.with_run_ref(ref, events)
+    assert decided.given_run(ref, events) is decided
+    assert decided == copied and decided.__dict__ == copied.__dict__ and private_attrs(decided) == private_attrs(copied)
+    assert decided.__pydantic_fields_set__ == copied.__pydantic_fields_set__
+    assert decided.__pydantic_extra__ == copied.__pydantic_extra__
+    assert decided.run_ref == ref and decided.kept_events is events
