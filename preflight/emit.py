@@ -139,7 +139,7 @@ class _Chain:
                 # fields' members are the chain's own (every event's) and the payload's, and the verdict is on
                 # their set (`_shape`: none unknown, none required missing), so it is the verdict of every
                 # event of that type whose payload has these members, in any order. Compared as a set (the
-                # payload's keys view against it), no key built an event: ~0.5-1.3 us a run less than a tuple
+                # payload's keys view against it), no key built an event: ~0.3-1.3 us a run less than a tuple
                 # of the type and the members (bench/README.md, engine, fifteenth pass).
                 known = _KEEP.get(kind)
                 keep = known[1] if known is not None and payload.keys() == known[0] else None
