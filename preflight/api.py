@@ -241,7 +241,9 @@ class Preflight:
             )
         if sealer is not None:
             sealer.close()
-        state = decided.record.with_run_ref(ref, events)
+        # The decided record is the run's own (each `Decided` is made with its record, handed to no one before
+        # this): given its run in place, not copied (`ExecutionRecord.given_run`).
+        state = decided.record.given_run(ref, events)
         if len(signed) == 1 and state.execution_decision == "execute":
             self._signed_here[run_id] = (state, signed[0])
             while len(self._signed_here) > SIGNED_UNRECORDED:

@@ -57,70 +57,107 @@ _GATELESS_KIND = {
 
 
 class _Chain:
-    def __init__(self, run_id: str, envelope: dict[str, Any], clock: Callable[[], str], new_id: Callable[[], str]):
-        self.run_id = run_id
-        self.envelope = envelope
+    def __init__(
+        self,
+        run_id: str,
+        envelope: tuple[str | None, str | None, str | None],
+        clock: Callable[[], str],
+        new_id: Callable[[], str],
+        sealer: RunSealer | None,
+    ):
         self.clock = clock
         self.new_id = new_id
+        self.sealer = sealer
         self.texts: list[bytes] = []
         self.kept: list[Any] = []
         self.prev = GENESIS_HASH
         self.seq = 0
-        self.sealer: RunSealer | None = None
         # Where the compiled pass seals (`native_pass`), asked once a run: every event of the chain is of the
         # current version (it writes it) after a text link (the genesis, then each event's hash).
         self.native = native_pass(EVENT_SCHEMA_VERSION, GENESIS_HASH)
-
-    def add(self, event_type: str, payload: dict[str, Any]) -> None:
-        """Seal the event of `event_type` with `payload` (its own members, in order; not changed) as the
-        chain's next link. The payload is taken as a dict, not as keywords: a run's payloads are built
-        once and copied once, into the event's fields."""
-        if self.sealer is not None:  # a protected run: values sealed before the event is hashed
-            payload = self.sealer.payload(event_type, payload)
-        prev = self.prev
-        fields = {
+        # Every event's fields begin as a copy of these -- the chain's own members, in order, then the envelope
+        # (the action key, the user's and the agent's ids) -- their own values set in place.
+        action_key, user_id, agent_id = envelope
+        self.head: dict[str, Any] = {
             "schema_version": EVENT_SCHEMA_VERSION,
-            "event_id": self.new_id(),
-            "event_type": event_type,
-            "run_id": self.run_id,
-            "seq": self.seq,
-            "prev_hash": prev,
-            "occurred_at": self.clock(),
-            **self.envelope,
-            **payload,
-            "hash": HASH_PLACEHOLDER,
+            "event_id": None,
+            "event_type": None,
+            "run_id": run_id,
+            "seq": 0,
+            "prev_hash": GENESIS_HASH,
+            "occurred_at": None,
+            "action_key": action_key,
+            "user_id": user_id,
+            "agent_id": agent_id,
         }
-        # `sealed_text`, its compiled pass called here (where `native_pass` says it applies): one call less an
-        # event (bench/README.md, engine, twelfth pass).
+
+    def add(self, *events: tuple[str, dict[str, Any]]) -> None:
+        """Seal each of `events` -- an event's type and payload (its own members, in order; not changed) -- as
+        the chain's next link, in order. A payload is taken as a dict, not as keywords: a run's payloads are
+        built once and copied once, into the event's fields.
+
+        Several events a call (the run's start and its steps, seven of the scenario's nine): the chain's members
+        are read into locals once for them all, its link and count written back once; and each event's fields
+        are a copy of the run's `head` with its own values set in place, then its payload: the dict the display
+        ``{chain's members, **envelope, **payload, "hash": ...}`` gave, the same members in the same order
+        (~0.41 -> ~0.32 us a dict). Together ~1-1.3 us a run of `run_events` (bench/README.md, engine,
+        fifteenth pass)."""
+        sealer = self.sealer
+        head = self.head
+        new_id = self.new_id
+        clock = self.clock
         native = self.native
-        answer = native(fields, prev) if native is not None else None
-        if answer is not None:
-            fields["hash"], text = answer
-        else:
-            text = sealed_text(fields)
-        self.texts.append(text)
-        # `sealed_later`: its verdict on the members kept by the event's type and its payload's members (the
-        # chain's own members come first and are every event's, so these give the fields' members in order):
-        # a shorter key than `_shape`'s and no call.
-        kind = fields["event_type"]
-        kept: Any = None
-        if kind != "execution_approved" or fields.get("signature") is None:  # a signature is validated
-            shape = (kind, *payload)
-            keep = _KEEP.get(shape)
-            if keep is None:
+        texts = self.texts
+        kept_events = self.kept
+        prev = self.prev
+        seq = self.seq
+        for event_type, payload in events:
+            if sealer is not None:  # a protected run: values sealed before the event is hashed
+                payload = sealer.payload(event_type, payload)
+            fields = head.copy()
+            fields["event_id"] = new_id()
+            fields["event_type"] = event_type
+            fields["seq"] = seq
+            fields["prev_hash"] = prev
+            fields["occurred_at"] = clock()  # each event its own reading
+            fields.update(payload)
+            fields["hash"] = HASH_PLACEHOLDER
+            # `sealed_text`, its compiled pass called here (where `native_pass` says it applies): one call less
+            # an event (bench/README.md, engine, twelfth pass).
+            answer = native(fields, prev) if native is not None else None
+            if answer is not None:
+                fields["hash"], text = answer
+            else:
+                text = sealed_text(fields)
+            texts.append(text)
+            kind = fields["event_type"]
+            kept: Any = fields
+            if kind == "execution_approved" and fields.get("signature") is not None:  # a signature is validated
                 kept = sealed_later(fields, text)
-                if len(_KEEP) < _KEEP_LIMIT:
-                    _KEEP[shape] = kept is fields
-            elif keep:
-                kept = fields
-        self.kept.append(sealed_later(fields, text) if kept is None else kept)
-        self.prev = fields["hash"]
-        self.seq += 1
+            else:
+                # `sealed_later`'s verdict, kept by the event's type with the set of its payload's members: the
+                # fields' members are the chain's own (every event's) and the payload's, and the verdict is on
+                # their set (`_shape`: none unknown, none required missing), so it is the verdict of every
+                # event of that type whose payload has these members, in any order. Compared as a set (the
+                # payload's keys view against it), no key built an event: ~0.3-1.3 us a run less than a tuple
+                # of the type and the members (bench/README.md, engine, fifteenth pass).
+                known = _KEEP.get(kind)
+                keep = known[1] if known is not None and payload.keys() == known[0] else None
+                if not keep:
+                    kept = sealed_later(fields, text)
+                    if keep is None and (kind in _KEEP or len(_KEEP) < _KEEP_LIMIT):
+                        _KEEP[kind] = (set(payload), kept is fields)
+            kept_events.append(kept)
+            prev = fields["hash"]
+            seq += 1
+        self.prev = prev
+        self.seq = seq
 
 
-#: `sealed_later`'s verdict -- the fields kept as they are, else its model built -- by an event's type and its
-#: payload's members in order (`_Chain.add`; at most `_KEEP_LIMIT`, as `preflight.events._SHAPES`).
-_KEEP: dict[tuple[Any, ...], bool] = {}
+#: `sealed_later`'s verdict -- the fields kept as they are, else its model built -- by an event's type: the set of
+#: the payload's members last seen for it and the verdict on them (`_Chain.add`; a type seen with other members
+#: is asked again; at most `_KEEP_LIMIT` types, as `preflight.events._SHAPES`).
+_KEEP: dict[Any, tuple[set[str], bool]] = {}
 _KEEP_LIMIT = 512
 
 
@@ -145,13 +182,11 @@ def run_events(
     event is hashed and digests of values are keyed; the record returned to the caller keeps plaintext.
     """
     record, trace = decided.record, decided.trace
-    chain = _Chain(run_id, {"action_key": record.action_key, "user_id": user_id, "agent_id": agent_id}, clock, new_id)
-    chain.sealer = sealer
+    chain = _Chain(run_id, (record.action_key, user_id, agent_id), clock, new_id, sealer)
     if sealer is not None and record.fields is not None:
         sealer.arguments_digest = sealer.digest(call_arguments({f.name: f.value for f in record.fields}))
-    chain.add("run_started", {"record_schema_version": RECORD_SCHEMA_VERSION, **trace.started})
-    for event_type, payload in trace.steps:  # the steps the decision path took, in its order
-        chain.add(event_type, payload)
+    # The run's start, then the steps the decision path took, in its order.
+    chain.add(("run_started", {"record_schema_version": RECORD_SCHEMA_VERSION, **trace.started}), *trace.steps)
 
     gate = record.gate
     gate_json = (
@@ -164,28 +199,35 @@ def run_events(
         assert trace.gate_name is not None and trace.gap_class is not None
         gate_kind = (gate_json or {}).get("kind") or _GATELESS_KIND.get(trace.gate_name, "value_gate")
         chain.add(
-            "gate_blocked",
-            {
-                "gate_name": trace.gate_name,
-                "kind": gate_kind,
-                "decision": decision,
-                "gap_class": trace.gap_class,
-                "unknown_fields": [f["name"] for f in (gate_json or {}).get("unknown_fields", [])],
-                "unverified_items": [i["id"] for i in (gate_json or {}).get("unverified_checklist", [])],
-                "gate": gate_json,
-            },
+            (
+                "gate_blocked",
+                {
+                    "gate_name": trace.gate_name,
+                    "kind": gate_kind,
+                    "decision": decision,
+                    "gap_class": trace.gap_class,
+                    "unknown_fields": [f["name"] for f in (gate_json or {}).get("unknown_fields", [])],
+                    "unverified_items": [i["id"] for i in (gate_json or {}).get("unverified_checklist", [])],
+                    "gate": gate_json,
+                },
+            )
         )
     elif decision == "deferred":
         assert record.deferred_input is not None
         chain.add(
-            "run_deferred", {"pending_fields": trace.deferred_pending, "deferred_input": dict(record.deferred_input)}
+            ("run_deferred", {"pending_fields": trace.deferred_pending, "deferred_input": dict(record.deferred_input)})
         )
     elif decision == "execute":
         assert trace.arguments is not None and record.fixed is not None and gate_json is not None
         decision_id = new_id()
         arguments_digest = digest(trace.arguments) if sealer is None else sealer.digest(trace.arguments)
         tool_name = record.fixed.c3_provider_action_name
-        signed: dict[str, Any] = {}
+        approved: dict[str, Any] = {
+            "decision_id": decision_id,
+            "tool_name": tool_name,
+            "arguments_digest": arguments_digest,
+            "gate": gate_json,
+        }
         if sign is not None:
             fields = {
                 "decision_id": decision_id,
@@ -194,36 +236,29 @@ def run_events(
                 "tool_name": tool_name,
                 "arguments_digest": arguments_digest,
             }
-            signed["signature"] = dict(sign(fields))
-        chain.add(
-            "execution_approved",
-            {
-                "decision_id": decision_id,
-                "tool_name": tool_name,
-                "arguments_digest": arguments_digest,
-                "gate": gate_json,
-                **signed,
-            },
-        )
+            approved["signature"] = dict(sign(fields))
+        chain.add(("execution_approved", approved))
     else:  # pragma: no cover - decide() never yields executed/failed
         raise ValueError(f"a run cannot decide {decision!r}")
 
     chain.add(
-        "run_closed",
-        {
-            "decision": decision,
-            "event_count": chain.seq + 1,
-            "last_hash": chain.prev,
-            "record": {
-                "schema_version": record.schema_version,
-                "advisory_notes": record.advisory_notes,
-                "unknown_count": record.unknown_count,
-                "unverified_checklist_count": record.unverified_checklist_count,
-                "fields_computed": record.fields is not None,
-                "reason": record.reason,
-                "timestamp": record.timestamp,
+        (
+            "run_closed",
+            {
+                "decision": decision,
+                "event_count": chain.seq + 1,
+                "last_hash": chain.prev,
+                "record": {
+                    "schema_version": record.schema_version,
+                    "advisory_notes": record.advisory_notes,
+                    "unknown_count": record.unknown_count,
+                    "unverified_checklist_count": record.unverified_checklist_count,
+                    "fields_computed": record.fields is not None,
+                    "reason": record.reason,
+                    "timestamp": record.timestamp,
+                },
             },
-        },
+        )
     )
     ref = RunRef(
         run_id=run_id,

@@ -88,6 +88,9 @@ class Trace:
 
 @dataclass(frozen=True)
 class Decided:
+    """A decided run: its record -- made for this run alone, held by nothing else (`Preflight._emit` gives it
+    the run's events in place) -- and the trace of the steps it took."""
+
     record: ExecutionRecord
     trace: Trace
 

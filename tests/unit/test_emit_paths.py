@@ -1,6 +1,7 @@
 """The ways a run's events are built and its record kept faster than the general way (bench/README.md, engine,
-twelfth and thirteenth passes), each held to the general way: ids drawn many at once, the chain's own seal and
-verdict on what it keeps of each event, the one rule of where the compiled pass seals, a stored record's copy."""
+twelfth, thirteenth and fifteenth passes), each held to the general way: ids drawn many at once, the chain's own
+seal and verdict on what it keeps of each event, the one rule of where the compiled pass seals, a stored record's
+copy."""
 
 from __future__ import annotations
 
@@ -165,3 +166,95 @@ def test_the_compiled_pass_seals_where_native_pass_says_and_only_there(monkeypat
     assert calls == [GENESIS_HASH]
     monkeypatch.setattr(chain, "_native_jcs_sealed", None)
     assert native_pass(EVENT_SCHEMA_VERSION, GENESIS_HASH) is None
+
+
+#: Members a payload of each type may have (its model's, optional ones, one unknown) and a value for each.
+_PAYLOAD_MEMBERS: dict[str, dict[str, Any]] = {
+    "tool_match_decided": {
+        "tool_name": "t",
+        "approved": True,
+        "reason": None,
+        "phase": "at_trigger",
+        "readable_action_key": "k",
+        "unknown": 1,
+    },
+    "checklist_item_verified": {"index": 0, "item": {}, "unknown": 1},
+    "execution_approved": {
+        "decision_id": "d",
+        "tool_name": "t",
+        "arguments_digest": "sha256:0",
+        "gate": {},
+        "signature": None,
+        "unknown": 1,
+    },
+}
+_PAYLOADS = st.sampled_from(sorted(_PAYLOAD_MEMBERS)).flatmap(
+    lambda kind: st.tuples(
+        st.just(kind),
+        st.permutations(sorted(_PAYLOAD_MEMBERS[kind])).flatmap(
+            lambda members: st.integers(0, len(members)).map(lambda n: members[:n])
+        ),
+        st.sampled_from([None, {"not": "a signature"}]),
+    )
+)
+
+
+@given(st.lists(_PAYLOADS, max_size=12))
+def test_the_chains_verdict_on_each_event_is_sealed_laters(events: list[tuple[str, list[str], Any]]) -> None:
+    """`emit._Chain.add` builds each event's fields as the display of its members did (the same members in the same
+    order) and keeps of it what `sealed_later` keeps -- its fields, else its model -- or raises where it raises,
+    whatever members its payload has, in whatever order, after events of the same type with other members (its
+    verdict kept by type and member set): unknown members, required ones missing, optional ones, signatures."""
+    from preflight import emit
+
+    for kind, members, signature in events:
+        payload = {name: _PAYLOAD_MEMBERS[kind][name] for name in members}
+        if "signature" in payload:
+            payload["signature"] = signature
+        chain = emit._Chain("r", ("a", "u", None), lambda: "now", lambda: "e", None)
+        fields = {
+            "schema_version": EVENT_SCHEMA_VERSION,
+            "event_id": "e",
+            "event_type": kind,
+            "run_id": "r",
+            "seq": 0,
+            "prev_hash": GENESIS_HASH,
+            "occurred_at": "now",
+            "action_key": "a",
+            "user_id": "u",
+            "agent_id": None,
+            **payload,
+            "hash": HASH_PLACEHOLDER,
+        }
+        text = sealed_text(fields)
+        try:
+            theirs: Any = sealed_later(fields, text)
+        except Exception as exc:
+            with pytest.raises(type(exc)):
+                chain.add((kind, payload))
+            continue
+        chain.add((kind, payload))
+        assert chain.texts == [text]
+        (ours,) = chain.kept
+        if theirs is fields:
+            assert type(ours) is dict and list(ours.items()) == list(fields.items())
+        else:
+            assert isinstance(ours, Envelope) and ours == theirs
+
+
+@pytest.mark.parametrize("path", sorted(PATHS))
+async def test_a_decided_record_given_its_run_is_what_with_run_ref_copies(path: str) -> None:
+    """`ExecutionRecord.given_run` (the engine's own record of a run just decided, given its run in place) leaves
+    the record as `with_run_ref` would copy it: the same members, members set, extra and private attributes."""
+    hooks, given = PATHS[path]
+    state = await create_preflight({**sc.hooks(), **hooks}, MemoryStorage()).run(sc.transfer(**given))
+    ref, events = state.run_ref, private_attrs(state)["_events"]
+    assert ref is not None and isinstance(events, KeptEvents)
+    decided = state.model_copy()  # as the decision path made it: no run yet
+    private_attrs(decided).update(_run=None, _events=())
+    copied = decided.with_run_ref(ref, events)
+    assert decided.given_run(ref, events) is decided
+    assert decided == copied and decided.__dict__ == copied.__dict__ and private_attrs(decided) == private_attrs(copied)
+    assert decided.__pydantic_fields_set__ == copied.__pydantic_fields_set__
+    assert decided.__pydantic_extra__ == copied.__pydantic_extra__
+    assert decided.run_ref == ref and decided.kept_events is events
