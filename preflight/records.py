@@ -793,8 +793,11 @@ class ExecutionRecord(BaseModel):
         """This record, made to carry `ref` and the run's `events` in place: what `with_run_ref` gives, without the
         copy. Only for a record no one else holds: the record the decision path has just made for its run
         (`Preflight._emit`; every `Decided` is made with a record of its own), which gets its run's events once.
-        The copy was ~1.1 us a run (bench/README.md, engine, fifteenth pass: `_emit` ~38.2 -> ~36.9 us)."""
+        The copy was ~1.1 us a run (bench/README.md, engine, fifteenth pass: `_emit` ~38.2 -> ~36.9 us). A record that
+        already carries a run is someone's: it is copied (`with_run_ref`), its own run left as it is."""
         private = private_attrs(self)
+        if private.get("_run") is not None:
+            return self.with_run_ref(ref, events)
         private["_run"] = ref
         private["_events"] = events
         return self

@@ -26,7 +26,7 @@ from preflight.events import (
     sealed_text,
 )
 from preflight.protect import ValueProtector
-from preflight.records import KeptEvents, private_attrs
+from preflight.records import KeptEvents, RunRef, private_attrs
 from preflight.signing import DecisionSigner
 from preflight.testing import MemoryKeyStore
 from tests.unit.test_hot_path import PATHS
@@ -258,3 +258,7 @@ async def test_a_decided_record_given_its_run_is_what_with_run_ref_copies(path: 
     assert decided.__pydantic_fields_set__ == copied.__pydantic_fields_set__
     assert decided.__pydantic_extra__ == copied.__pydantic_extra__
     assert decided.run_ref == ref and decided.kept_events is events
+    # A record that already carries a run is not given another in place: the new run goes to a copy.
+    other = RunRef.model_validate({**ref.model_dump(), "run_id": "another"})
+    again = decided.given_run(other, events)
+    assert again is not decided and again.run_ref == other and decided.run_ref == ref
