@@ -110,7 +110,7 @@ class TestEveryWriterIsRfc8785:
             assert native.jcs(value) is None
 
 
-#: Sizes of a dict around the edges of how the compiled writer sorts its keys (std's small sort up to 20) and of
+#: Sizes of a dict around the edges of how the compiled writer sorts its keys (by insertion up to 32) and of
 #: its first stack of members (64): each dict's members are pushed above its parent's on one stack.
 DICT_SIZES = [0, 1, 19, 20, 21, 31, 32, 33, 63, 64, 65, 100]
 #: Keys that mostly share their first 8 bytes (the writer's numeric prefix) or differ only beyond them, or in
