@@ -19,12 +19,15 @@ pub const JCS_MAX_DEPTH: usize = 128;
 
 // The walks below read the value through CPython's C API with borrowed pointers: no `Bound` (an incref and a
 // decref per dict member and list item), no vector of members per dict, no error objects built to be dropped
-// -- the writer went from ~1.3 to ~0.7 us an event (bench/README.md, engine, fifteenth pass). Every pointer
+// -- with the word scans and the sort below, the writer went from ~1.2 to ~0.8 us an event of the engine
+// bench's run, its seal from ~2.0 to ~1.45 (bench/engine_jcs.py; bench/README.md, fifteenth pass). Every pointer
 // is borrowed from the value the caller passed (held by its `Bound`) and stays valid while no container in it
 // changes. Nothing changes one during a walk: the GIL is held (the functions take `Python` or a `Bound`) and
 // no Python code runs -- the calls below read dicts, lists, ints and strs of their exact built-in types
 // (no `__hash__`, `__index__` or `__eq__` of a subclass) and allocate no object the collector tracks (only
-// a str's cached UTF-8, and the answer once the walk is done), so not even a finalizer runs.
+// a str's cached UTF-8, and the answer once the walk is done), so not even a finalizer runs. The one object
+// they may make is a lone surrogate's `UnicodeEncodeError` (then cleared): the walk ends there, reading no
+// pointer after it.
 
 /// A borrowed pointer into the value being walked (see above).
 type Borrowed = *mut ffi::PyObject;

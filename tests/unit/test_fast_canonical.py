@@ -123,8 +123,9 @@ prefixed_keys = st.text(st.sampled_from(["a", "b", "\x00", "\ue000", "\U0001f600
 @st.composite
 def wide_dicts(draw: st.DrawFn) -> dict[str, Any]:
     size = draw(st.sampled_from(DICT_SIZES))
-    members = draw(st.dictionaries(keys | prefixed_keys, leaves, min_size=size, max_size=size))
-    if members and draw(st.booleans()):  # a wide dict inside a wide dict: its members above its parent's
+    members: dict[str, Any] = draw(st.dictionaries(keys | prefixed_keys, leaves, min_size=size, max_size=size))
+    nested: bool = draw(st.booleans())
+    if members and nested:  # a wide dict inside a wide dict: its members above its parent's
         members[draw(st.sampled_from(sorted(members)))] = draw(
             st.dictionaries(keys | prefixed_keys, leaves, min_size=size, max_size=size)
         )
