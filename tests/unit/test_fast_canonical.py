@@ -110,6 +110,42 @@ class TestEveryWriterIsRfc8785:
             assert native.jcs(value) is None
 
 
+#: Sizes of a dict around the edges of how the compiled writer sorts its keys (by insertion up to 32) and of
+#: its first stack of members (64): each dict's members are pushed above its parent's on one stack.
+DICT_SIZES = [0, 1, 19, 20, 21, 31, 32, 33, 63, 64, 65, 100]
+#: Keys that mostly share their first 8 bytes (the writer's numeric prefix) or differ only beyond them, or in
+#: a zero byte, or by being a prefix of another.
+prefixed_keys = st.text(st.sampled_from(["a", "b", "\x00", "\ue000", "\U0001f600"]), max_size=3).map(
+    lambda tail: "prefix_" + tail
+) | st.sampled_from(["", "\x00", "prefix", "prefix_", "prefix_\x00", "prefix_\x00\x00", "prefixes"])
+
+
+@st.composite
+def wide_dicts(draw: st.DrawFn) -> dict[str, Any]:
+    size = draw(st.sampled_from(DICT_SIZES))
+    members: dict[str, Any] = draw(st.dictionaries(keys | prefixed_keys, leaves, min_size=size, max_size=size))
+    nested: bool = draw(st.booleans())
+    if members and nested:  # a wide dict inside a wide dict: its members above its parent's
+        members[draw(st.sampled_from(sorted(members)))] = draw(
+            st.dictionaries(keys | prefixed_keys, leaves, min_size=size, max_size=size)
+        )
+    return members
+
+
+class TestWideDicts:
+    @settings(max_examples=200, deadline=None)
+    @given(wide_dicts())
+    def test_the_compiled_writer_sorts_dicts_of_every_size(self, native: ModuleType, value: dict[str, Any]) -> None:
+        assert native.jcs(value) == rfc8785.dumps(value)
+        assert native.jcs([value, value]) == rfc8785.dumps([value, value])
+
+    @settings(max_examples=100, deadline=None)
+    @given(wide_dicts(), texts)
+    def test_the_compiled_seal_too(self, native: ModuleType, members: dict[str, Any], prev: str) -> None:
+        fields = {**members, "hash": "placeholder", "z": 1}
+        assert native.jcs_sealed(fields, prev) == _sealed_by_hand(fields, prev)
+
+
 class TestTheLegacyFormToo:
     """`canonical_json` (versions 1-2 and every digest) takes the compiled writer where the forms agree."""
 
