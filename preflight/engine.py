@@ -302,7 +302,7 @@ async def _settle_fixed(hooks: Mapping[str, Hook], inp: PreflightInput) -> tuple
     else:
         if not (isinstance(c1, str) and c1 in WHEN_CASES):
             issues.append({"slot": "c1_when_case", "code": "out_of_enum", "detail": repr(c1)[:200]})
-    c1_ok = not any(i["slot"] == "c1_when_case" for i in issues)
+    c1_ok = not issues  # only C1's issues so far: no generator walking them (~0.3 us a run)
 
     c2: str | None = None
     c2_source: str | None = None
@@ -329,16 +329,14 @@ async def _settle_fixed(hooks: Mapping[str, Hook], inp: PreflightInput) -> tuple
             )
     if c2_hook_error and c2 is not None:
         # Rescued by the fallback: not an issue, but never invisible.
-        issues_note = {"slot": "c2_user_action_name", "code": "rescued_by_fallback", "detail": c2_hook_error}
-    else:
-        issues_note = None
+        issues.append({"slot": "c2_user_action_name", "code": "rescued_by_fallback", "detail": c2_hook_error})
     fixed = {
         "c1_when_case": c1 if c1_ok else None,
         "c2_user_action_name": c2,
         "c3_provider_action_name": inp.tool.name,
         "c2_source": c2_source,
     }
-    return fixed, issues + ([issues_note] if issues_note else [])
+    return fixed, issues
 
 
 def _intent_message(issues: list[dict[str, Any]]) -> str:
@@ -562,7 +560,7 @@ class _Run:
         tool_match = {"tool_name": inp.tool.name, "approved": approved, "reason": reason, "phase": self.phase}
         if self.readable_action_key is not None:
             tool_match["readable_action_key"] = self.readable_action_key
-        self.trace.took("tool_match_decided", **tool_match)
+        self.trace.steps.append(("tool_match_decided", tool_match))  # `Trace.took`, without copying it as **kwargs
         if approved:
             return None
         attempt = self.tool_attempt
@@ -756,12 +754,15 @@ class _Run:
 
     # Step 8: at trigger time, verify the user checklist. Incoming status is never trusted.
     async def verify_user_checklist(self) -> Decided | None:
-        items = [await _verified_item(self.hooks, item, self.ctx) for item in self.checklist]
+        items = []
+        for item in self.checklist:  # a loop, not an async comprehension (its own coroutine frame, ~0.2 us)
+            items.append(await _verified_item(self.hooks, item, self.ctx))
         self.verified = _json_list(items)
         if len(self.verified) != len(items):
             raise TypeError("verify_user_checklist_item returned values that cannot be recorded as JSON")
+        took = self.trace.steps.append
         for index, item in enumerate(self.verified):
-            self.trace.took("checklist_item_verified", index=index, item=item)
+            took(("checklist_item_verified", {"index": index, "item": item}))
         self.checklist_json = self.verified
         return None
 
@@ -839,7 +840,7 @@ async def _verified_item(hooks: Mapping[str, Hook], item: dict[str, Any], ctx: L
     except Exception as exc:
         out = {"status": "unverified", "source": None, "note": f"verification hook failed: {exc}"}
     merged = dict(item)
-    if isinstance(out, Mapping):
+    if type(out) is dict or isinstance(out, Mapping):  # no ABC check for a dict, the usual answer
         merged.update({k: v for k, v in out.items() if k != "id"})
     elif out is not None:
         for key in ("status", "source", "verified_at", "note"):

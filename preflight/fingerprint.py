@@ -37,5 +37,5 @@ def normalise(text: str) -> str:
 def intent_fingerprint(instruction: Sequence[Segment] | str) -> str:
     """`sha256:<hex>` over the normalised trusted segments (a plain string has none)."""
     trusted = [] if isinstance(instruction, str) else [s.text for s in instruction if s.trust == "user"]
-    joined = "\x00".join(normalise(t) for t in trusted)
+    joined = "\x00".join([normalise(t) for t in trusted])  # a list: `join` makes one of a generator anyway
     return "sha256:" + hashlib.sha256(joined.encode("utf-8", "surrogatepass")).hexdigest()

@@ -616,11 +616,16 @@ def _assemblable(values: dict[str, Any]) -> bool:
         return False
     action_key, fixed, fields = values["action_key"], values["fixed"], values["fields"]
     unknown, unverified, admission = values["unknown_count"], values["unverified_checklist_count"], values["admission"]
+    if fields is not None:
+        if type(fields) is not list:
+            return False
+        for f in fields:  # a loop, not `all` over a generator (~0.2 us a record)
+            if type(f) is not FieldRecord:
+                return False
     return (
         (action_key is None or type(action_key) is str)
         and (values["phase"] is None or (type(values["phase"]) is str and values["phase"] in _PHASES))
         and (fixed is None or type(fixed) is Fixed)
-        and (fields is None or (type(fields) is list and all(type(f) is FieldRecord for f in fields)))
         and type(values["advisory_notes"]) is str
         and type(values["user_checklist"]) is list
         and (unknown is None or type(unknown) is int)
