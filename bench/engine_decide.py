@@ -7,11 +7,9 @@ the median beside it (see bench/README.md, fifteenth pass: the deciding steps).
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 from typing import Any
 
-from engine_record import part
+from engine_record import main
 
 import preflight.api as api
 import preflight.engine as engine
@@ -33,16 +31,5 @@ PARTS: list[tuple[Any, str | None, str]] = [
 ]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("-n", type=int, default=1000, help="decisions a round")
-    parser.add_argument("-r", type=int, default=9, help="rounds a part")
-    args = parser.parse_args()
-    print(f"us of CPU a decision, least / median of {args.r} rounds of {args.n}, collector off:")
-    for owner, name, label in PARTS:
-        figures = sorted(asyncio.run(part(owner, name, args.n, args.r)))
-        print(f"{figures[0]:7.2f} / {figures[len(figures) // 2]:7.2f}  {label}", flush=True)
-
-
 if __name__ == "__main__":
-    main()
+    main(PARTS, __doc__)

@@ -65,15 +65,16 @@ async def part(owner: Any, name: str | None, n: int, count: int) -> list[float]:
             setattr(owner, name, original)  # type: ignore[arg-type]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+def main(parts: list[tuple[Any, str | None, str]] = PARTS, description: str | None = __doc__) -> None:
+    """Time each of `parts` (this file's, or another bench's: `bench/engine_decide.py`) and print the figures."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("-n", type=int, default=1000, help="decisions a round")
     parser.add_argument("-r", type=int, default=9, help="rounds a part")
     args = parser.parse_args()
     print(f"us of CPU a decision, least / median of {args.r} rounds of {args.n}, collector off:")
-    for owner, name, label in PARTS:
+    for owner, name, label in parts:
         figures = sorted(asyncio.run(part(owner, name, args.n, args.r)))
-        print(f"{figures[0]:7.2f} / {figures[len(figures) // 2]:7.2f}  {label}")
+        print(f"{figures[0]:7.2f} / {figures[len(figures) // 2]:7.2f}  {label}", flush=True)
 
 
 if __name__ == "__main__":
