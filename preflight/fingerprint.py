@@ -43,5 +43,7 @@ def intent_fingerprint(instruction: Sequence[Segment] | str) -> str:
 def trusted_fingerprint(trusted: Sequence[str]) -> str:
     """`intent_fingerprint` of the trusted segments' texts `trusted`, in order (the run's start reads them in its
     own walk of the segments: `preflight.engine.started_summary`)."""
-    joined = "\x00".join(map(normalise, trusted))  # `map`, not a comprehension: no frame of its own
+    # One segment (the usual instruction) is its own join; more are joined from `map`, not a comprehension (no
+    # frame of its own).
+    joined = normalise(trusted[0]) if len(trusted) == 1 else "\x00".join(map(normalise, trusted))
     return "sha256:" + hashlib.sha256(joined.encode("utf-8", "surrogatepass")).hexdigest()
