@@ -16,7 +16,7 @@ from pydantic import ValidationError
 
 from preflight.arguments import ArgumentsError, CallPlan, Leaf, call_arguments, plan_call, pointer_of, proposal_status
 from preflight.events import GapClass, GateName, digest
-from preflight.fingerprint import intent_fingerprint
+from preflight.fingerprint import trusted_fingerprint
 from preflight.hooks import (
     MISSING,
     Hook,
@@ -221,17 +221,23 @@ def started_summary(raw: Mapping[str, Any] | None, parsed: PreflightInput | None
         tool_digest: str | None = digest(parsed.tool.recorded_json()) if kept is None else kept
     except (TypeError, ValueError):  # NaN or a lone surrogate in the definition: no digest, and the
         tool_digest = None  # run's own events will fail to encode and fall to the backstop
-    segments = (
-        None
-        if isinstance(parsed.instruction, str)
-        else [{"trust": s.trust, "origin": s.origin, "length": len(s.text)} for s in parsed.instruction]
-    )
+    instruction = parsed.instruction
+    segments: list[dict[str, Any]] | None = None
+    trusted: list[str] = []
+    if not isinstance(instruction, str):
+        # One walk for the segments' summary and the fingerprint's trusted texts, where a comprehension for each
+        # (and one in `intent_fingerprint`) walked them again, each in a frame of its own.
+        segments = []
+        for s in instruction:
+            segments.append({"trust": s.trust, "origin": s.origin, "length": len(s.text)})
+            if s.trust == "user":
+                trusted.append(s.text)
     return {
         "tool_name": parsed.tool.name,
         "tool_digest": tool_digest,
         "has_input_schema": parsed.tool.input_schema is not None,
         "instruction_segments": segments,
-        "intent_fingerprint": intent_fingerprint(parsed.instruction),
+        "intent_fingerprint": trusted_fingerprint(trusted),
         "intent_attempt": attempt_number(parsed.intent_attempt),
         "tool_attempt": attempt_number(parsed.tool_attempt),
         "user_checklist": _json_list(parsed.user_checklist),
@@ -267,7 +273,7 @@ def backstop(exc: BaseException, checklist: list[Any], now: str, started: dict[s
 def _unidentified(checklist: list[Any]) -> list[int]:
     bad = []
     for index, item in enumerate(checklist):
-        ident = item.get("id") if isinstance(item, Mapping) else None
+        ident = item.get("id") if type(item) is dict or isinstance(item, Mapping) else None  # no ABC check for a dict
         if not (isinstance(ident, str) and ident.strip()):
             bad.append(index)
     return bad
@@ -287,56 +293,7 @@ def _c2_fallback(fixed_pre_set: Mapping[str, Any]) -> str | None:
 
 # The deciding steps call their hooks themselves and await only an awaitable answer (`preflight.hooks.awaiting`,
 # `call`'s rule), as the fields step does: a sync hook's answer then costs no coroutine of `call`'s (~0.2 us each,
-# seven a run; bench/README.md, engine, thirteenth pass).
-
-
-async def _settle_fixed(hooks: Mapping[str, Hook], inp: PreflightInput) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    issues: list[dict[str, Any]] = []
-    c1: Any = None
-    try:
-        c1 = hooks["classify_when_case"](inp.instruction)
-        if awaiting(c1):
-            c1 = await c1
-    except Exception as exc:
-        issues.append({"slot": "c1_when_case", "code": "hook_error", "detail": f"{type(exc).__name__}: {exc}"})
-    else:
-        if not (isinstance(c1, str) and c1 in WHEN_CASES):
-            issues.append({"slot": "c1_when_case", "code": "out_of_enum", "detail": repr(c1)[:200]})
-    c1_ok = not issues  # only C1's issues so far: no generator walking them (~0.3 us a run)
-
-    c2: str | None = None
-    c2_source: str | None = None
-    c2_hook_error: str | None = None
-    try:
-        said = hooks["extract_user_action_name"](inp.instruction)
-        if awaiting(said):
-            said = await said
-    except Exception as exc:
-        said, c2_hook_error = None, f"{type(exc).__name__}: {exc}"
-    if _usable_name(said):
-        c2, c2_source = said, "instruction"
-    else:
-        fallback = _c2_fallback(inp.fixed_pre_set)
-        if fallback is not None:
-            c2, c2_source = fallback, "pre_set_data"
-        else:
-            issues.append(
-                {
-                    "slot": "c2_user_action_name",
-                    "code": "hook_error" if c2_hook_error else "unresolved",
-                    "detail": c2_hook_error or "nothing usable in the instruction or the pre-set fallback",
-                }
-            )
-    if c2_hook_error and c2 is not None:
-        # Rescued by the fallback: not an issue, but never invisible.
-        issues.append({"slot": "c2_user_action_name", "code": "rescued_by_fallback", "detail": c2_hook_error})
-    fixed = {
-        "c1_when_case": c1 if c1_ok else None,
-        "c2_user_action_name": c2,
-        "c3_provider_action_name": inp.tool.name,
-        "c2_source": c2_source,
-    }
-    return fixed, issues
+# seven a run; bench/README.md, engine, thirteenth pass), nor one of a helper's around the call (sixteenth pass).
 
 
 def _intent_message(issues: list[dict[str, Any]]) -> str:
@@ -346,10 +303,8 @@ def _intent_message(issues: list[dict[str, Any]]) -> str:
     return MSG_INTENT["c1_when_case"] if "c1_when_case" in slots else MSG_INTENT["c2_user_action_name"]
 
 
-async def _text_hook(hooks: Mapping[str, Hook], name: str, *args: Any) -> str:
-    out = hooks[name](*args)
-    if awaiting(out):
-        out = await out
+def _text_answer(name: str, out: Any) -> str:
+    """A text hook's (awaited) answer `out`: "" for None, else a string."""
     if out is None:
         return ""
     if not isinstance(out, str):
@@ -495,7 +450,7 @@ class _Run:
             return _hold_without_gate(
                 reason, _json_list(raw), self.clock(), "checklist_ids", "configuration_defect", started
             )
-        self.checklist = [dict(item) for item in raw]
+        self.checklist = list(map(dict, raw))  # `map`, not a comprehension: no frame of its own
         # The same items' JSON as the run's start recorded (`started_summary`): taken once a run.
         self.checklist_json = list(self.trace.started["user_checklist"])
         if len(self.checklist_json) != len(self.checklist):
@@ -505,9 +460,59 @@ class _Run:
 
     # Step 1: settle the fixed checklist; the intent gate.
     async def settle_fixed_checklist(self) -> Decided | None:
-        self.fixed_values, issues = await _settle_fixed(self.hooks, self.inp)
-        self.trace.took("fixed_checklist_resolved", fixed=self.fixed_values, issues=issues)
-        blocking = [i for i in issues if i["code"] != "rescued_by_fallback"]
+        hooks, inp = self.hooks, self.inp
+        issues: list[dict[str, Any]] = []
+        c1: Any = None
+        try:
+            c1 = hooks["classify_when_case"](inp.instruction)
+            if awaiting(c1):
+                c1 = await c1
+        except Exception as exc:
+            issues.append({"slot": "c1_when_case", "code": "hook_error", "detail": f"{type(exc).__name__}: {exc}"})
+        else:
+            if not (isinstance(c1, str) and c1 in WHEN_CASES):
+                issues.append({"slot": "c1_when_case", "code": "out_of_enum", "detail": repr(c1)[:200]})
+        c1_ok = not issues  # only C1's issues so far: no generator walking them (~0.3 us a run)
+
+        c2: str | None = None
+        c2_source: str | None = None
+        c2_hook_error: str | None = None
+        try:
+            said = hooks["extract_user_action_name"](inp.instruction)
+            if awaiting(said):
+                said = await said
+        except Exception as exc:
+            said, c2_hook_error = None, f"{type(exc).__name__}: {exc}"
+        if _usable_name(said):
+            c2, c2_source = said, "instruction"
+        else:
+            fallback = _c2_fallback(inp.fixed_pre_set)
+            if fallback is not None:
+                c2, c2_source = fallback, "pre_set_data"
+            else:
+                issues.append(
+                    {
+                        "slot": "c2_user_action_name",
+                        "code": "hook_error" if c2_hook_error else "unresolved",
+                        "detail": c2_hook_error or "nothing usable in the instruction or the pre-set fallback",
+                    }
+                )
+        if c2_hook_error and c2 is not None:
+            # Rescued by the fallback: not an issue, but never invisible.
+            issues.append({"slot": "c2_user_action_name", "code": "rescued_by_fallback", "detail": c2_hook_error})
+        self.fixed_values = fixed = {
+            "c1_when_case": c1 if c1_ok else None,
+            "c2_user_action_name": c2,
+            "c3_provider_action_name": inp.tool.name,
+            "c2_source": c2_source,
+        }
+        return self.intent_gate(fixed, issues)
+
+    def intent_gate(self, fixed: dict[str, Any], issues: list[dict[str, Any]]) -> Decided | None:
+        """Step 1's event and the intent gate, once the fixed checklist is settled (`fixed`, with its `issues`).
+        `settle_fixed_checklist` calls the hooks in its own frame, where a helper's coroutine cost ~0.3 us a run."""
+        self.trace.steps.append(("fixed_checklist_resolved", {"fixed": fixed, "issues": issues}))  # `Trace.took`
+        blocking = [i for i in issues if i["code"] != "rescued_by_fallback"] if issues else issues
         if not blocking:
             # Step 4, computed here (it needs only C1) and recorded from here on: the phase.
             self.phase = "at_trigger" if self.fixed_values["c1_when_case"] == "immediate" else "at_instruction"
@@ -554,9 +559,9 @@ class _Run:
         approved_raw, reason_raw = read(verdict, "approved", None), read(verdict, "reason", None)
         approved = approved_raw is True and isinstance(reason_raw, str)
         reason = reason_raw if isinstance(reason_raw, str) else "hook did not return {approved, reason}"
-        # The verdict validated with the fixed checklist, as its member: one validation, where building the
-        # `C3Match` first took two (~1 us less a run; a property test holds the two equal).
-        self.fixed = Fixed.model_validate({**self.fixed_values, "c3_match": {"approved": approved, "reason": reason}})
+        # The verdict with the fixed checklist, as its member: assembled where validation would pass them on
+        # unchanged, else validated (`Fixed.matched`).
+        self.fixed = Fixed.matched(self.fixed_values, approved, reason)
         tool_match = {"tool_name": inp.tool.name, "approved": approved, "reason": reason, "phase": self.phase}
         if self.readable_action_key is not None:
             tool_match["readable_action_key"] = self.readable_action_key
@@ -592,17 +597,23 @@ class _Run:
         schema = inp.tool.input_schema_json
         if required is None or schema is None:
             return self.definition_hold("tool_definition_incomplete", "input schema missing")
-        if not isinstance(required, (list, tuple)) or not all(isinstance(n, str) and n for n in required):
+        if not isinstance(required, (list, tuple)):
             raise TypeError(f"get_required_fields returned {required!r}, not a list of field names")
+        for name in required:  # a loop, not `all` over a generator (its frame, ~0.2 us a run)
+            if not (isinstance(name, str) and name):
+                raise TypeError(f"get_required_fields returned {required!r}, not a list of field names")
         try:
-            self.plan = plan_call(
-                schema, list(dict.fromkeys(required)), inp.proposed_arguments, text=inp.tool.input_schema_text()
+            self.plan = plan_call(  # a tuple: the names `plan_call` keeps its plans by
+                schema, tuple(dict.fromkeys(required)), inp.proposed_arguments, text=inp.tool.input_schema_text()
             )
         except ArgumentsError as exc:
             if exc.in_schema:
                 return self.definition_hold("tool_definition_invalid", exc.detail)
             return self.proposal_hold(exc)
-        self.advisory = await _text_hook(self.hooks, "get_advisory_notes", inp.tool)
+        notes = self.hooks["get_advisory_notes"](inp.tool)
+        if awaiting(notes):
+            notes = await notes
+        self.advisory = _text_answer("get_advisory_notes", notes)
         return None
 
     def definition_hold(
@@ -694,7 +705,11 @@ class _Run:
 
     @property
     def unknown(self) -> list[FieldRecord]:
-        return [f for f in self.fields if f.status == "unknown"]
+        unknown = []
+        for f in self.fields:  # a loop, not a comprehension (its frame, ~0.2 us)
+            if f.status == "unknown":
+                unknown.append(f)
+        return unknown
 
     # Step 7: at instruction time, ask before scheduling or defer with what must be preserved.
     async def ask_or_defer_at_instruction(self) -> Decided | None:
@@ -756,7 +771,19 @@ class _Run:
     async def verify_user_checklist(self) -> Decided | None:
         items = []
         for item in self.checklist:  # a loop, not an async comprehension (its own coroutine frame, ~0.2 us)
-            items.append(await _verified_item(self.hooks, item, self.ctx))
+            # The hook called here, not in a coroutine of `_verified_item`'s own (~0.3 us an item); the item
+            # offered without its status by a loop, not a comprehension (its frame, ~0.2 us an item).
+            offered: dict[Any, Any] = {}
+            for key, value in item.items():
+                if key != "status":
+                    offered[key] = value
+            try:
+                out = self.hooks["verify_user_checklist_item"](offered, self.ctx)
+                if awaiting(out):
+                    out = await out
+            except Exception as exc:
+                out = {"status": "unverified", "source": None, "note": f"verification hook failed: {exc}"}
+            items.append(_verified_item(item, out))
         self.verified = _json_list(items)
         if len(self.verified) != len(items):
             raise TypeError("verify_user_checklist_item returned values that cannot be recorded as JSON")
@@ -769,18 +796,23 @@ class _Run:
     # Step 9: the tally. Execute only when nothing is unknown and nothing is unverified.
     async def tally(self) -> Decided:
         unknown = self.unknown
-        unverified = [i for i in self.verified if i["status"] != "verified"]
-        gate = ValueGate(
-            unknown_fields=[UnknownFieldEntry(name=f.name, note=f.note) for f in unknown],
-            unverified_checklist=[
+        unverified = []
+        for i in self.verified:  # loops, and no comprehension of an empty list: each a frame (~0.2 us)
+            if i["status"] != "verified":
+                unverified.append(i)
+        gate = ValueGate.tallied(  # assembled where validation would pass its members on unchanged
+            [UnknownFieldEntry(name=f.name, note=f.note) for f in unknown] if unknown else [],
+            [
                 UnverifiedItemEntry(
                     id=i["id"],
                     description=i.get("description") if isinstance(i.get("description"), str) else None,
                     note=i.get("note") if isinstance(i.get("note"), str) else None,
                 )
                 for i in unverified
-            ],
-            _diag={"lookup_failures": _lookup_failures(self.fields)},
+            ]
+            if unverified
+            else [],
+            _lookup_failures(self.fields),
         )
         final: Literal["execute", "ask_user"] = "execute" if not unknown and not unverified else "ask_user"
         admitted: AdmissionVerdict | None = None
@@ -788,13 +820,17 @@ class _Run:
             refused, admitted = self.admit()
             if refused is not None:
                 return refused
+        if self.hooks["format_reason"] is default_format_reason:  # `_reason`'s answer, without its coroutine
+            reason = counts_reason(final, len(gate.unknown_fields), len(gate.unverified_checklist))
+        else:
+            reason = await _reason(self.hooks, final, gate)
         record = self.record(
             fields=self.fields,
             unknown_count=len(unknown),
             unverified_checklist_count=len(unverified),
             gate=gate,
             execution_decision=final,
-            reason=await _reason(self.hooks, final, gate),
+            reason=reason,
             admission=admitted,
         )
         if final == "execute":
@@ -830,18 +866,14 @@ class _Run:
         return self.stop(record, "admission", gap), assessment.verdict
 
 
-async def _verified_item(hooks: Mapping[str, Hook], item: dict[str, Any], ctx: LookupContext | None) -> dict[str, Any]:
-    """One user-checklist item as verified at trigger time: verified only if the hook says exactly so."""
-    offered = {k: v for k, v in item.items() if k != "status"}
-    try:
-        out = hooks["verify_user_checklist_item"](offered, ctx)
-        if awaiting(out):
-            out = await out
-    except Exception as exc:
-        out = {"status": "unverified", "source": None, "note": f"verification hook failed: {exc}"}
+def _verified_item(item: dict[str, Any], out: Any) -> dict[str, Any]:
+    """One user-checklist item as verified at trigger time, the hook's answer `out`: verified only if the hook
+    says exactly so."""
     merged = dict(item)
     if type(out) is dict or isinstance(out, Mapping):  # no ABC check for a dict, the usual answer
-        merged.update({k: v for k, v in out.items() if k != "id"})
+        for key, value in out.items():  # what updating with a comprehension of them gave, without its frame
+            if key != "id":
+                merged[key] = value
     elif out is not None:
         for key in ("status", "source", "verified_at", "note"):
             value = read(out, key)
@@ -864,7 +896,11 @@ def _with_proposal(resolved: Resolved, leaf: Leaf) -> Resolved:
 
 
 def _lookup_failures(fields: list[FieldRecord]) -> list[Any]:
-    return [{"name": f.name, "detail": f.diag_note} for f in fields if f.lookup_failed]
+    failures = []
+    for f in fields:  # a loop, not a comprehension (its frame, ~0.2 us a run)
+        if f.lookup_failed:
+            failures.append({"name": f.name, "detail": f.diag_note})
+    return failures
 
 
 def tool_of(record: ExecutionRecord) -> str | None:

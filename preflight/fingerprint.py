@@ -37,5 +37,13 @@ def normalise(text: str) -> str:
 def intent_fingerprint(instruction: Sequence[Segment] | str) -> str:
     """`sha256:<hex>` over the normalised trusted segments (a plain string has none)."""
     trusted = [] if isinstance(instruction, str) else [s.text for s in instruction if s.trust == "user"]
-    joined = "\x00".join([normalise(t) for t in trusted])  # a list: `join` makes one of a generator anyway
+    return trusted_fingerprint(trusted)
+
+
+def trusted_fingerprint(trusted: Sequence[str]) -> str:
+    """`intent_fingerprint` of the trusted segments' texts `trusted`, in order (the run's start reads them in its
+    own walk of the segments: `preflight.engine.started_summary`)."""
+    # One segment (the usual instruction) is its own join; more are joined from `map`, not a comprehension (no
+    # frame of its own).
+    joined = normalise(trusted[0]) if len(trusted) == 1 else "\x00".join(map(normalise, trusted))
     return "sha256:" + hashlib.sha256(joined.encode("utf-8", "surrogatepass")).hexdigest()

@@ -245,6 +245,60 @@ class Fixed(BaseModel):
             out["c3_match"] = {"approved": match.approved, "reason": match.reason}
         return out
 
+    @classmethod
+    def matched(cls, fixed: dict[str, Any], approved: Any, reason: Any) -> Fixed:
+        """`model_validate({**fixed, "c3_match": {"approved": approved, "reason": reason}})`, the tool gate's fixed
+        checklist (`preflight.engine._Run.confirm_tool`): assembled without validating where each member is what
+        validation passes on unchanged -- `fixed` the four members step 1 settles, each None or an exact `str`
+        (C1 one of its cases, the C2 source one of its two), `approved` a bool, `reason` an exact `str` --
+        else validated. Validation (with the verdict's own model) was ~2.8 us of the bench's loop, assembly
+        ~1 us (bench/README.md, engine, sixteenth pass); a property test holds the two equal, the members
+        given included."""
+        if fixed.keys() == _FIXED_SETTLED and type(approved) is bool and type(reason) is str:
+            c1, c2, c3, source = (
+                fixed["c1_when_case"],
+                fixed["c2_user_action_name"],
+                fixed["c3_provider_action_name"],
+                fixed["c2_source"],
+            )
+            if (
+                (c1 is None or (type(c1) is str and c1 in _WHEN_CASE_SET))
+                and (c2 is None or type(c2) is str)
+                and (c3 is None or type(c3) is str)
+                and (source is None or (type(source) is str and source in _C2_SOURCES))
+            ):
+                match = _new(C3Match)
+                _set(match, "__dict__", {"approved": approved, "reason": reason})
+                _set(match, "__pydantic_fields_set__", _MATCH_GIVEN)
+                _set(match, "__pydantic_extra__", None)
+                _set(match, "__pydantic_private__", None)
+                out = _new(cls)
+                _set(
+                    out,
+                    "__dict__",
+                    {
+                        "c1_when_case": c1,
+                        "c2_user_action_name": c2,
+                        "c3_provider_action_name": c3,
+                        "c2_source": source,
+                        "c3_match": match,
+                    },
+                )
+                _set(out, "__pydantic_fields_set__", _MATCHED_GIVEN)
+                _set(out, "__pydantic_extra__", None)
+                _set(out, "__pydantic_private__", None)
+                return out
+        return cls.model_validate({**fixed, "c3_match": {"approved": approved, "reason": reason}})
+
+
+#: `Fixed.matched`'s members: the four step 1 settles, the literals' values, and the members given of each model
+#: (shared, as `FieldRecord.found`'s: a frozen model never changes them; `model_copy` copies them first).
+_FIXED_SETTLED = frozenset({"c1_when_case", "c2_user_action_name", "c3_provider_action_name", "c2_source"})
+_WHEN_CASE_SET = frozenset(WHEN_CASES)
+_C2_SOURCES = frozenset(get_args(C2Source))
+_MATCH_GIVEN = {"approved", "reason"}
+_MATCHED_GIVEN = {*_FIXED_SETTLED, "c3_match"}
+
 
 class UnknownFieldEntry(BaseModel):
     model_config = _MODEL_CONFIG
@@ -273,6 +327,59 @@ class ValueGate(BaseModel):
     @model_serializer(mode="wrap")
     def _serialize(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         return _drop_none(handler(self), ("_diag",))
+
+    @classmethod
+    def tallied(
+        cls,
+        unknown_fields: list[UnknownFieldEntry],
+        unverified_checklist: list[UnverifiedItemEntry],
+        lookup_failures: list[Any],
+    ) -> ValueGate:
+        """`ValueGate(unknown_fields=..., unverified_checklist=..., _diag={"lookup_failures": ...})`, the tally's
+        gate (`preflight.engine._Run.tally`): assembled without validating where each member is what validation
+        passes on -- entries of their exact types, each failure a dict of an exact `str` name and a detail None
+        or an exact `str` (the tally's own, `preflight.engine._lookup_failures`), copied as validation copies
+        them -- else validated. Validation was ~3.9 us of the bench's loop, assembly ~1 us (bench/README.md,
+        engine, sixteenth pass); a property test holds the two equal, the members given included."""
+        for entry in unknown_fields:
+            if type(entry) is not UnknownFieldEntry:
+                return cls._validated(unknown_fields, unverified_checklist, lookup_failures)
+        for item in unverified_checklist:
+            if type(item) is not UnverifiedItemEntry:
+                return cls._validated(unknown_fields, unverified_checklist, lookup_failures)
+        for failure in lookup_failures:
+            if type(failure) is not dict or failure.keys() != _FAILURE_KEYS:
+                return cls._validated(unknown_fields, unverified_checklist, lookup_failures)
+            detail = failure["detail"]
+            if type(failure["name"]) is not str or (detail is not None and type(detail) is not str):
+                return cls._validated(unknown_fields, unverified_checklist, lookup_failures)
+        gate = _new(cls)
+        _set(
+            gate,
+            "__dict__",
+            {
+                "unknown_fields": list(unknown_fields),
+                "unverified_checklist": list(unverified_checklist),
+                "diag": {"lookup_failures": list(map(dict, lookup_failures))},
+            },
+        )
+        _set(gate, "__pydantic_fields_set__", _TALLIED_GIVEN)
+        _set(gate, "__pydantic_extra__", None)
+        _set(gate, "__pydantic_private__", None)
+        return gate
+
+    @classmethod
+    def _validated(
+        cls,
+        unknown_fields: list[UnknownFieldEntry],
+        unverified_checklist: list[UnverifiedItemEntry],
+        lookup_failures: list[Any],
+    ) -> ValueGate:
+        return cls(
+            unknown_fields=unknown_fields,
+            unverified_checklist=unverified_checklist,
+            _diag={"lookup_failures": lookup_failures},
+        )
 
     def as_json(self) -> dict[str, Any]:
         """`model_dump(mode="json")`, the same dict in the same key order, written directly when its `_diag` is
@@ -303,6 +410,11 @@ class ValueGate(BaseModel):
         if diag is not None:
             out["_diag"] = diag
         return out, True
+
+
+#: `ValueGate.tallied`'s keys of a lookup failure, and the members given of its gate (shared, as `Fixed.matched`'s).
+_FAILURE_KEYS = frozenset({"name", "detail"})
+_TALLIED_GIVEN = {"unknown_fields", "unverified_checklist", "diag"}
 
 
 class IntentGate(BaseModel):

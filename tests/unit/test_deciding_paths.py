@@ -1,6 +1,6 @@
-"""The deciding steps' shortcuts held to the ways they replace (bench/README.md, engine, thirteenth pass): each
-builds what the slower way builds, for any value, so the decision, its record and its events cannot tell them
-apart (the golden corpus checks the bytes of whole runs; these check the parts over many more values)."""
+"""The deciding steps' shortcuts held to the ways they replace (bench/README.md, engine, thirteenth and sixteenth
+passes): each builds what the slower way builds, for any value, so the decision, its record and its events cannot
+tell them apart (the golden corpus checks the bytes of whole runs; these check the parts over many more values)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from preflight.arguments import plan_call
 from preflight.chain import canonical_json
 from preflight.inputs import Tool
-from preflight.records import WHEN_CASES, C3Match, Fixed
+from preflight.records import WHEN_CASES, C3Match, Fixed, UnknownFieldEntry, UnverifiedItemEntry, ValueGate
 from tests.mcp_corpus import corpus_tools
 from tests.strategies import JSON_VALUES, SHORT_TEXT
 
@@ -91,3 +91,104 @@ def test_a_tools_kept_schema_text_is_its_schemas_canonical_json(
     names = sorted(given_schema.get("properties") or {})
     required = list(dict.fromkeys(names[i % len(names)] for i in picked)) if names else []
     assert _plan(given_schema, required, tool.input_schema_text()) == _plan(given_schema, required, None)
+
+
+class _Text(str):
+    """A subclass of `str`: validation makes it a `str`, so the assembled paths must not take it as one."""
+
+
+_SUBTEXT = st.builds(_Text, st.text(max_size=4))
+_ODD = st.integers(-1, 2) | st.none() | _SUBTEXT | st.text(max_size=4)
+
+
+def _same_model(ours: Any, theirs: Any) -> None:
+    assert ours == theirs and type(ours) is type(theirs)
+    assert ours.model_fields_set == theirs.model_fields_set
+    assert ours.__pydantic_private__ == theirs.__pydantic_private__
+    assert ours.__pydantic_extra__ == theirs.__pydantic_extra__
+    assert [type(v) for v in ours.__dict__.values()] == [type(v) for v in theirs.__dict__.values()]
+    assert ours.model_dump_json() == theirs.model_dump_json()
+
+
+def _types(value: Any) -> Any:
+    """`value`'s types, all the way down."""
+    if isinstance(value, dict):
+        return [(type(k), _types(v)) for k, v in value.items()]
+    if isinstance(value, list):
+        return [_types(v) for v in value]
+    return type(value)
+
+
+def _outcome(build: Any) -> Any:
+    try:
+        return build()
+    except ValidationError as exc:
+        return [(e["loc"], e["type"]) for e in exc.errors()]
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    c1=st.none() | st.sampled_from(WHEN_CASES) | st.builds(_Text, st.sampled_from(WHEN_CASES)) | _ODD,
+    c2=st.none() | SHORT_TEXT | _ODD,
+    c3=st.none() | SHORT_TEXT | _ODD,
+    c2_source=st.none() | st.sampled_from(["instruction", "pre_set_data"]) | _ODD,
+    approved=st.booleans() | st.integers(0, 1) | st.none(),
+    reason=st.text(max_size=8) | _SUBTEXT | st.none() | st.integers(0, 1),
+    extra=st.dictionaries(st.sampled_from(["c3_match", "other"]), st.none(), max_size=1),
+    dropped=st.sets(st.sampled_from(["c1_when_case", "c2_source"]), max_size=1),
+)
+def test_the_fixed_checklist_assembled_with_the_verdict_is_the_one_validated(
+    c1: Any, c2: Any, c3: Any, c2_source: Any, approved: Any, reason: Any, extra: Any, dropped: Any
+) -> None:
+    """`Fixed.matched` (the tool gate's fixed checklist, sixteenth pass) is what validating the members with the
+    verdict gives -- members given, types, private state and JSON -- or refused alike, for any members."""
+    fixed = {"c1_when_case": c1, "c2_user_action_name": c2, "c3_provider_action_name": c3, "c2_source": c2_source}
+    fixed = {k: v for k, v in {**fixed, **extra}.items() if k not in dropped}
+    ours = _outcome(lambda: Fixed.matched(fixed, approved, reason))
+    theirs = _outcome(lambda: Fixed.model_validate({**fixed, "c3_match": {"approved": approved, "reason": reason}}))
+    if isinstance(theirs, list):
+        assert ours == theirs
+        return
+    _same_model(ours, theirs)
+    _same_model(ours.c3_match, theirs.c3_match)
+    assert json.dumps(ours.as_json()) == json.dumps(theirs.as_json())
+
+
+_NOTE = st.none() | st.text(max_size=4)
+_FAILURE = st.fixed_dictionaries({"name": SHORT_TEXT | _ODD, "detail": _NOTE | _ODD}) | st.dictionaries(
+    st.sampled_from(["name", "detail", "other"]), st.none() | st.text(max_size=2), max_size=3
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    unknown=st.lists(st.builds(UnknownFieldEntry, name=st.text(max_size=8), note=_NOTE), max_size=3),
+    unverified=st.lists(
+        st.builds(UnverifiedItemEntry, id=st.text(max_size=8), description=_NOTE, note=_NOTE), max_size=3
+    ),
+    failures=st.lists(_FAILURE | st.tuples(SHORT_TEXT) | st.none(), max_size=3),
+    swapped=st.booleans(),
+)
+def test_the_tallys_value_gate_assembled_is_the_one_validated(
+    unknown: list[Any], unverified: list[Any], failures: list[Any], swapped: bool
+) -> None:
+    """`ValueGate.tallied` (the tally's gate, sixteenth pass) is what validating its members gives -- members
+    given, types, private state, JSON and its written form -- or refused alike, copied as validation copies;
+    entries of another model (swapped) are validated."""
+    if swapped and unknown:
+        unverified = [*unverified, unknown[0]]
+
+    def validated() -> ValueGate:
+        return ValueGate(unknown_fields=unknown, unverified_checklist=unverified, _diag={"lookup_failures": failures})
+
+    ours = _outcome(lambda: ValueGate.tallied(unknown, unverified, failures))
+    theirs = _outcome(validated)
+    if isinstance(theirs, list):
+        assert ours == theirs
+        return
+    _same_model(ours, theirs)
+    assert ours.written() == theirs.written() and json.dumps(ours.as_json()) == json.dumps(theirs.as_json())
+    assert ours.unknown_fields is not unknown and ours.unverified_checklist is not unverified
+    given = ours.diag["lookup_failures"]
+    assert given is not failures and all(a is not b for a, b in zip(given, failures, strict=True) if type(b) is dict)
+    assert _types(ours.diag) == _types(theirs.diag)
