@@ -290,7 +290,8 @@ class Preflight:
     def _persist(self, state: ExecutionRecord) -> Awaitable[None]:
         """Hand `state`'s record to storage, unless the storage says it keeps none (``keeps_records =
         False``, `preflight.ports.Storage`): then no record is built only to be discarded. The caller awaits what
-        this returns, the storage's `persist` itself: no coroutine of its own around it (one frame less a record)."""
+        this returns, the storage's `persist` itself: no coroutine of its own around it (one frame less a record,
+        ~0.12 us alone; bench/README.md, engine, sixteenth pass)."""
         storage = self.storage
         if getattr(storage, "keeps_records", True) is False:
             return _nothing()
@@ -380,7 +381,7 @@ class Preflight:
 
     async def run_and_record(self, input: Any) -> ExecutionRecord:
         """`run` then `record`, as a pair, so nothing goes unrecorded."""
-        if not traced():  # `run`'s untraced path, without its frame
+        if not traced():  # `run`'s untraced path, without its coroutine frame (~0.12 us alone; bench/README.md)
             return await self.record(await self._run(input, NO_SPAN))
         return await self.record(await self.run(input))
 
@@ -856,7 +857,7 @@ async def _nothing() -> None:
 
 
 def _ids(raw: Any) -> tuple[str | None, str | None]:
-    if type(raw) is dict:  # the usual input: no class checks (a pydantic model's `isinstance` is Python code)
+    if type(raw) is dict:  # the usual input, without the class checks below (~620 -> ~210 ns alone; bench/README.md)
         user, agent = raw.get("user_id"), raw.get("agent_id")
         return (user if isinstance(user, str) else None, agent if isinstance(agent, str) else None)
     if isinstance(raw, PreflightInput):
