@@ -589,8 +589,10 @@ class RunRef(BaseModel):
     def members(self) -> RunRefMembers:
         """Its members in order, as a tuple of strings and an integer: what a store keeps of it for long
         (`preflight.testing.MemoryStorage`, the engine's pending decisions), which the garbage collector stops
-        tracking (a `RunRef` is 3 objects for every full collection to walk); `of_members` rebuilds it."""
-        return (self.run_id, self.last_hash, self.next_seq, self.decision_id, self.arguments_digest)
+        tracking (a `RunRef` is 3 objects for every full collection to walk); `of_members` rebuilds it. Read from
+        its `__dict__` (pydantic's attribute path is slower: ~0.39 -> ~0.22 us; a recorded run takes two)."""
+        d = self.__dict__
+        return (d["run_id"], d["last_hash"], d["next_seq"], d["decision_id"], d["arguments_digest"])
 
     @classmethod
     def of_members(cls, members: RunRefMembers) -> RunRef:
