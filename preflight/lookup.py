@@ -79,6 +79,13 @@ class Resolved(NamedTuple):
     written: dict[str, Any] | None = None
 
 
+#: A `Resolved` of all four members (a tuple of them) built by `tuple.__new__` in C: the named tuple's own `__new__`
+#: is a Python function, a frame for each of the two built a field settled (lookup, then settlement).
+_resolved: Callable[[tuple[FieldRecord, Evidence, bool, dict[str, Any] | None]], Resolved] = functools.partial(
+    tuple.__new__, Resolved
+)
+
+
 class BaselineReader:
     """Loads the tier-4 baseline at most once per run, and only if a field reaches tier 4.
 
@@ -328,7 +335,7 @@ def _known(name: str, value: Any, source: Any, at: str, evidence: Evidence) -> R
     if not ok:
         note = f"value from {source} cannot be recorded (not a JSON value)"
         return Resolved(_unknown(name, at, note=note), evidence)
-    return Resolved(FieldRecord.found(name, value, source, at), evidence)
+    return _resolved((FieldRecord.found(name, value, source, at), evidence, False, None))
 
 
 SPAN_DOES_NOT_HOLD_VALUE = "span_does_not_hold_value"
@@ -398,7 +405,7 @@ async def settle_field(
     kept = written if record is resolved.field else None
     members = record.__dict__  # read from its dict, not as attributes (`_apply_policy`)
     if members["status"] != "known":
-        return Resolved(record, resolved.evidence, False, kept)
+        return _resolved((record, resolved.evidence, False, kept))
 
     schema = ctx.field_schemas.get(name)
     value = members["value"]
@@ -411,7 +418,7 @@ async def settle_field(
         except Exception as exc:
             verdict = f"validation hook failed: {type(exc).__name__}: {exc}"
     if verdict is None:
-        return Resolved(record, resolved.evidence, False, kept)
+        return _resolved((record, resolved.evidence, False, kept))
     if not isinstance(verdict, str):
         verdict = f"validation hook returned {type(verdict).__name__}, not None or a violation string"
     note = f"schema violation (source {record.source}): {verdict}"
