@@ -204,8 +204,8 @@ async def lookup_field(
 ) -> Resolved:
     """Walk the five tiers for `name`; the first tier with an acceptable value settles it."""
     # Tier 0: an answer the user gave to an earlier ask (for this leaf, or for an object holding it).
-    # A plain field name's answer and pre-set entry read here, as `given` and `wrapped` read them (no call of
-    # either: three fields a run reach tier 0, most tier 2).
+    # A plain field name's answer and pre-set entry read here as `given` and `wrapped` read them, without a call
+    # of either (every field a run looks up reaches tier 0, most of them tier 2); a pointer's through them.
     answered = ctx.user_answers.get(name, MISSING) if name[:1] != "/" else given(ctx.user_answers, name)
     if answered is not MISSING:
         return _known(name, answered, "user_answer", at, Evidence(tier="user_answer", answer_origin=ctx.answers_origin))
