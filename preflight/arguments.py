@@ -214,8 +214,13 @@ class CallPlan:
 
     def leaf_violation(self, leaf: Leaf, value: Any) -> str | None:
         """Why `value` does not satisfy `leaf`'s schema (None if it does)."""
-        if _fast_valid(self.compiled.leaf_validator(leaf), value):
-            return None
+        fast = self.compiled.leaf_validator(leaf)
+        if fast is not None:  # `_fast_valid`, without a call of it (a call a field)
+            try:
+                if fast.is_valid(value):
+                    return None
+            except Exception:  # a value it cannot take is decided by jsonschema
+                pass
         errors = list(self._errors(leaf.schema, value))
         return _describe(errors[0]) if errors else None
 

@@ -646,6 +646,9 @@ class _Run:
     async def look_up_fields(self) -> Decided | None:
         inp, plan = self.inp, self.plan
         members = inp.__dict__  # its members read from its dict, not as a model's attributes (`lookup._apply_policy`)
+        schemas = {}
+        for leaf in plan.leaves:  # a loop, not a comprehension (its own frame)
+            schemas[leaf.name] = leaf.schema
         self.ctx = LookupContext.of(
             user_id=members["user_id"],
             instruction=members["instruction"],
@@ -656,27 +659,29 @@ class _Run:
             measured_data=members["measured_data"],
             prior_execution_state=members["prior_execution_state"],
             phase=self.phase,
-            field_schemas={leaf.name: leaf.schema for leaf in plan.leaves},
+            field_schemas=schemas,
             input_schema=plan.schema,
             proposed_arguments=members["proposed_arguments"],
         )
         key = self.action_key
         assert key is not None
-        baseline = BaselineReader(inp.prior_execution_state, inp.prior_state_given, lambda: self.load_baseline(key))
-        ctx, hooks, clock, settled = self.ctx, self.hooks, self.clock, self.resolved
+        baseline = BaselineReader(
+            members["prior_execution_state"], inp.prior_state_given, lambda: self.load_baseline(key)
+        )
+        ctx, hooks, clock, settled, violation = self.ctx, self.hooks, self.clock, self.resolved, plan.leaf_violation
         for leaf in plan.leaves:
-            check = functools.partial(plan.leaf_violation, leaf)
+            check = functools.partial(violation, leaf)
             settled.append(await settle_field(leaf.name, ctx, hooks, baseline, clock(), check))
         self.check_the_call()
-        if inp.proposed_arguments is not None:
+        if members["proposed_arguments"] is not None:
             self.resolved = [_with_proposal(r, leaf) for r, leaf in zip(self.resolved, plan.leaves, strict=True)]
         took = self.trace.steps.append
         fields: list[FieldRecord] = []
         self.fields = fields
-        for resolved in self.resolved:  # `Trace.took` of each, and the fields, in one walk
-            field = resolved.written if resolved.written is not None else resolved.field.as_json()
-            took(("field_resolved", {"field": field, "evidence": resolved.evidence.as_json()}))
-            fields.append(resolved.field)
+        for record, evidence, _, written in self.resolved:  # `Trace.took` of each, and the fields, in one walk
+            field = written if written is not None else record.as_json()
+            took(("field_resolved", {"field": field, "evidence": evidence.as_json()}))
+            fields.append(record)
         return None
 
     def check_the_call(self) -> None:

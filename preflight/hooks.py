@@ -117,7 +117,7 @@ class LookupContext:
         if members.keys() != _CONTEXT_MEMBERS:
             raise TypeError(f"a lookup context has exactly the members {sorted(_CONTEXT_MEMBERS)}")
         ctx = cls.__new__(cls)
-        ctx.__dict__.update(members)
+        object.__setattr__(ctx, "__dict__", members)  # the call's own dict of them, not copied into another
         return ctx
 
 

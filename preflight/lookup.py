@@ -18,7 +18,7 @@ import orjson
 
 from preflight.arguments import name_of, value_at
 from preflight.chain import plain_json
-from preflight.hooks import MISSING, Hook, LookupContext, awaiting, read, takes
+from preflight.hooks import _NEVER_AWAITABLE, MISSING, Hook, LookupContext, awaiting, read, takes
 from preflight.normalise import denotes, whole_token
 from preflight.records import BaselineStatus, ExecutionRecord, FieldRecord
 
@@ -77,6 +77,13 @@ class Resolved(NamedTuple):
     #: The field's JSON (`FieldRecord.as_json`) when it was written for the field policy and the field came
     #: through the policy and the checks unchanged: its event takes it rather than writing it again.
     written: dict[str, Any] | None = None
+
+
+#: A `Resolved` of all four members (a tuple of them) built by `tuple.__new__` in C: the named tuple's own `__new__`
+#: is a Python function, a frame for each of the two built a field settled (lookup, then settlement).
+_resolved: Callable[[tuple[FieldRecord, Evidence, bool, dict[str, Any] | None]], Resolved] = functools.partial(
+    tuple.__new__, Resolved
+)
 
 
 class BaselineReader:
@@ -168,15 +175,13 @@ def json_value(value: Any) -> tuple[bool, Any]:
     return True, json.loads(text)
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _span_ok(span: Any, text: str) -> tuple[int, int] | None:
     if not isinstance(span, (list, tuple)) or len(span) != 2:
         return None
     start, end = span
-    if not (_is_int(start) and _is_int(end)):
+    if not (
+        isinstance(start, int) and not isinstance(start, bool) and isinstance(end, int) and not isinstance(end, bool)
+    ):
         return None
     if 0 <= start < end <= len(text):
         return (start, end)
@@ -199,7 +204,9 @@ async def lookup_field(
 ) -> Resolved:
     """Walk the five tiers for `name`; the first tier with an acceptable value settles it."""
     # Tier 0: an answer the user gave to an earlier ask (for this leaf, or for an object holding it).
-    answered = given(ctx.user_answers, name)
+    # A plain field name's answer and pre-set entry read here as `given` and `wrapped` read them, without a call
+    # of either (every field a run looks up reaches tier 0, most of them tier 2); a pointer's through them.
+    answered = ctx.user_answers.get(name, MISSING) if name[:1] != "/" else given(ctx.user_answers, name)
     if answered is not MISSING:
         return _known(name, answered, "user_answer", at, Evidence(tier="user_answer", answer_origin=ctx.answers_origin))
 
@@ -207,7 +214,7 @@ async def lookup_field(
     extract = hooks["extract_from_instruction"]
     try:
         found = extract(name, ctx.instruction, ctx) if takes(extract, 3) else extract(name, ctx.instruction)
-        if awaiting(found):
+        if type(found) not in _NEVER_AWAITABLE and awaiting(found):  # see `_apply_policy`
             found = await found
     except Exception as exc:
         return _failed(name, at, "instruction", exc)
@@ -215,7 +222,13 @@ async def lookup_field(
         get: Callable[[str, Any], Any] = found.get if type(found) is dict else functools.partial(read, found)
         index = get("segment_index", None)
         value = get("value", MISSING)
-        if _is_int(index) and 0 <= index < len(ctx.instruction) and value is not MISSING:
+        # An integer, not a boolean: tested here and in `_span_ok` without a function's call (three a claim).
+        if (
+            isinstance(index, int)
+            and not isinstance(index, bool)
+            and 0 <= index < len(ctx.instruction)
+            and value is not MISSING
+        ):
             segment = ctx.instruction[index]
             span = _span_ok(get("span", None), segment.text)
             if segment.trust == "user" and span is not None:
@@ -228,7 +241,11 @@ async def lookup_field(
 
     # Tier 2: a value set in advance, only inside a wrapper whose trust is "user" (for this leaf, or for
     # an object holding it).
-    entry, inside = wrapped(ctx.pre_set_data, name)
+    if name[:1] != "/":
+        pre_set = ctx.pre_set_data
+        entry, inside = pre_set.get(name), None
+    else:
+        entry, inside = wrapped(ctx.pre_set_data, name)
     if (type(entry) is dict or isinstance(entry, Mapping)) and "value" in entry and entry.get("trust") == "user":
         value = entry["value"] if inside is None else value_at(entry["value"], inside)
         if value is not MISSING:
@@ -239,7 +256,7 @@ async def lookup_field(
     # Tier 3: a measurement the hook vouches for with `valid: True`.
     try:
         measured = hooks["measure_from_environment"](name, ctx)
-        if awaiting(measured):
+        if type(measured) not in _NEVER_AWAITABLE and awaiting(measured):
             measured = await measured
     except Exception as exc:
         return _failed(name, at, "measured_data", exc)
@@ -318,7 +335,7 @@ def _known(name: str, value: Any, source: Any, at: str, evidence: Evidence) -> R
     if not ok:
         note = f"value from {source} cannot be recorded (not a JSON value)"
         return Resolved(_unknown(name, at, note=note), evidence)
-    return Resolved(FieldRecord.found(name, value, source, at), evidence)
+    return _resolved((FieldRecord.found(name, value, source, at), evidence, False, None))
 
 
 SPAN_DOES_NOT_HOLD_VALUE = "span_does_not_hold_value"
@@ -388,7 +405,7 @@ async def settle_field(
     kept = written if record is resolved.field else None
     members = record.__dict__  # read from its dict, not as attributes (`_apply_policy`)
     if members["status"] != "known":
-        return Resolved(record, resolved.evidence, False, kept)
+        return _resolved((record, resolved.evidence, False, kept))
 
     schema = ctx.field_schemas.get(name)
     value = members["value"]
@@ -396,12 +413,12 @@ async def settle_field(
     if verdict is None:
         try:
             verdict = hooks["validate_field_schema"](value, schema, ctx)
-            if awaiting(verdict):
+            if type(verdict) not in _NEVER_AWAITABLE and awaiting(verdict):
                 verdict = await verdict
         except Exception as exc:
             verdict = f"validation hook failed: {type(exc).__name__}: {exc}"
     if verdict is None:
-        return Resolved(record, resolved.evidence, False, kept)
+        return _resolved((record, resolved.evidence, False, kept))
     if not isinstance(verdict, str):
         verdict = f"validation hook returned {type(verdict).__name__}, not None or a violation string"
     note = f"schema violation (source {record.source}): {verdict}"
@@ -414,7 +431,9 @@ async def _apply_policy(
     """The field policy's verdict on `record`, whose JSON the hook is `given` (written for it, not kept)."""
     try:
         out = hooks["apply_field_policy"](given, ctx)  # given: written for the hook, not kept
-        if awaiting(out):
+        # `awaiting`'s own first test made here: a sync hook's usual answer (a dict, None) costs no call of it
+        # (eight calls a run of three fields).
+        if type(out) not in _NEVER_AWAITABLE and awaiting(out):
             out = await out
     except Exception as exc:
         return demote(record, f"field policy hook failed: {type(exc).__name__}: {exc}")

@@ -9,14 +9,16 @@ and as an object settle the same field, to its JSON.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import types
 from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from preflight import lookup
 from preflight import scenario as sc
-from preflight.hooks import LookupContext
+from preflight.hooks import MISSING, LookupContext
 from preflight.inputs import Segment
 from preflight.lookup import BaselineReader, Evidence, Resolved, _apply_policy, lookup_field
 from preflight.records import FieldRecord
@@ -109,3 +111,45 @@ def test_a_tier_one_claim_is_read_alike_as_a_dict_a_mapping_or_an_object(index: 
         assert other.field == first.field and other.field.as_json() == first.field.as_json()
         assert isinstance(other.evidence, Evidence) and other.evidence.as_json() == first.evidence.as_json()
         assert other.final == first.final
+
+
+def _looked_up(name: str, answers: dict[str, Any], pre_set: dict[str, Any]) -> Resolved:
+    ctx = dataclasses.replace(_ctx(), user_answers=answers, pre_set_data=pre_set)
+    hooks = {**sc.hooks(), "extract_from_instruction": sc.extract_nothing}
+    baseline = BaselineReader(None, True, _no_baseline)
+    return asyncio.run(lookup_field(name, ctx, hooks, baseline, "2026-12-05T08:03:01.123Z"))
+
+
+_NAMES = st.sampled_from(["amount", "to", "a/b", "~0", ""])
+_ENTRY = (
+    st.none()
+    | _SCALAR
+    | st.fixed_dictionaries(
+        {}, optional={"value": _SCALAR, "trust": st.sampled_from(["user", "untrusted"]), "origin": _SCALAR}
+    )
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    name=_NAMES,
+    answers=st.dictionaries(_NAMES, _SCALAR, max_size=3),
+    pre_set=st.dictionaries(_NAMES, _ENTRY, max_size=3),
+)
+def test_a_plain_names_answer_and_pre_set_entry_are_what_given_and_wrapped_read(
+    name: str, answers: dict[str, Any], pre_set: dict[str, Any]
+) -> None:
+    """`lookup_field` reads a plain field name's answer (tier 0) and pre-set entry (tier 2) itself, without calling
+    `given` and `wrapped`: what it settles is what those two find."""
+    settled = _looked_up(name, answers, pre_set)
+    answered = lookup.given(answers, name)
+    entry, inside = lookup.wrapped(pre_set, name)
+    assert inside is None
+    if answered is not MISSING:
+        assert (settled.field.source, settled.field.value) == ("user_answer", answered)
+    elif isinstance(entry, dict) and "value" in entry and entry.get("trust") == "user":
+        assert (settled.field.source, settled.field.value) == ("pre_set_data", entry["value"])
+        origin = entry.get("origin")
+        assert settled.evidence.pre_set_origin == (origin if isinstance(origin, str) else None)
+    else:
+        assert settled.field.status == "unknown" and settled.field.source is None
