@@ -8,7 +8,7 @@ null carries meaning (`fields: null` is "not computed", never `[]`) are always p
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Annotated, Any, Literal, get_args, overload
+from typing import Annotated, Any, Literal, TypeVar, get_args, overload
 
 import orjson
 from pydantic import (
@@ -113,11 +113,8 @@ class FieldRecord(BaseModel):
         members given included."""
         if type(name) is not str or type(at) is not str or source not in _FOUND_SOURCES:
             return cls(name=name, value=value, status="known", source=source, origin_source=source, resolved_at=at)
-        # Not `cls.__new__`, looked up through pydantic's metaclass `__getattr__`: ~400 against ~225 ns.
-        record = _new(cls)
-        _set(
-            record,
-            "__dict__",
+        return _assembled(
+            cls,
             {
                 "name": name,
                 "value": value,
@@ -131,11 +128,8 @@ class FieldRecord(BaseModel):
                 "diag_note": None,
                 "proposal": None,
             },
+            _FOUND_GIVEN,
         )
-        _set(record, "__pydantic_fields_set__", _FOUND_GIVEN)
-        _set(record, "__pydantic_extra__", None)
-        _set(record, "__pydantic_private__", None)
-        return record
 
     def as_json(self) -> dict[str, Any]:
         """`model_dump(mode="json")`, the same dict in the same key order, written directly for a value of
@@ -203,6 +197,24 @@ _FOUND_SOURCES = frozenset(get_args(OriginSource))
 _set = object.__setattr__
 #: A model's `__new__` (pydantic's models define none).
 _new = object.__new__
+
+
+_Model = TypeVar("_Model", bound=BaseModel)
+
+
+def _assembled(cls: type[_Model], members: dict[str, Any], given: set[str]) -> _Model:
+    """A model of `cls` holding `members` as they are, not validated: what validating them gives where each is what
+    validation passes on unchanged (each caller checks that: `FieldRecord.found`, `Fixed.matched`,
+    `ValueGate.tallied`), `given` its members given (shared: a frozen model never changes the set; `model_copy`
+    copies it first), no extra members and no private state. The one definition of what such a model carries."""
+    model = _new(cls)  # not `cls.__new__`, looked up through pydantic's metaclass `__getattr__`: ~400 against ~225 ns
+    _set(model, "__dict__", members)
+    _set(model, "__pydantic_fields_set__", given)
+    _set(model, "__pydantic_extra__", None)
+    _set(model, "__pydantic_private__", None)
+    return model
+
+
 _INT64 = 2**63 - 1
 
 
@@ -267,27 +279,15 @@ class Fixed(BaseModel):
                 and (c3 is None or type(c3) is str)
                 and (source is None or (type(source) is str and source in _C2_SOURCES))
             ):
-                match = _new(C3Match)
-                _set(match, "__dict__", {"approved": approved, "reason": reason})
-                _set(match, "__pydantic_fields_set__", _MATCH_GIVEN)
-                _set(match, "__pydantic_extra__", None)
-                _set(match, "__pydantic_private__", None)
-                out = _new(cls)
-                _set(
-                    out,
-                    "__dict__",
-                    {
-                        "c1_when_case": c1,
-                        "c2_user_action_name": c2,
-                        "c3_provider_action_name": c3,
-                        "c2_source": source,
-                        "c3_match": match,
-                    },
-                )
-                _set(out, "__pydantic_fields_set__", _MATCHED_GIVEN)
-                _set(out, "__pydantic_extra__", None)
-                _set(out, "__pydantic_private__", None)
-                return out
+                match = _assembled(C3Match, {"approved": approved, "reason": reason}, _MATCH_GIVEN)
+                members = {
+                    "c1_when_case": c1,
+                    "c2_user_action_name": c2,
+                    "c3_provider_action_name": c3,
+                    "c2_source": source,
+                    "c3_match": match,
+                }
+                return _assembled(cls, members, _MATCHED_GIVEN)
         return cls.model_validate({**fixed, "c3_match": {"approved": approved, "reason": reason}})
 
 
@@ -353,20 +353,12 @@ class ValueGate(BaseModel):
             detail = failure["detail"]
             if type(failure["name"]) is not str or (detail is not None and type(detail) is not str):
                 return cls._validated(unknown_fields, unverified_checklist, lookup_failures)
-        gate = _new(cls)
-        _set(
-            gate,
-            "__dict__",
-            {
-                "unknown_fields": list(unknown_fields),
-                "unverified_checklist": list(unverified_checklist),
-                "diag": {"lookup_failures": list(map(dict, lookup_failures))},
-            },
-        )
-        _set(gate, "__pydantic_fields_set__", _TALLIED_GIVEN)
-        _set(gate, "__pydantic_extra__", None)
-        _set(gate, "__pydantic_private__", None)
-        return gate
+        members = {
+            "unknown_fields": list(unknown_fields),
+            "unverified_checklist": list(unverified_checklist),
+            "diag": {"lookup_failures": list(map(dict, lookup_failures))},
+        }
+        return _assembled(cls, members, _TALLIED_GIVEN)
 
     @classmethod
     def _validated(
