@@ -42,6 +42,7 @@ import ctypes
 import gc
 import logging
 import multiprocessing
+import multiprocessing.resource_tracker
 import os
 import signal
 import sys
@@ -476,8 +477,9 @@ class Projector:
             self._pool = pool
             failure = await _start_workers(pool, self._decode_workers, self._trust)
             if failure is not None:
-                # A worker died before it ignored the stop signals (one sent to the process group as it
-                # started), or its start failed: nothing was handed to it, and the event loop decodes.
+                # A worker's start failed, or it died while starting (killed on its own: the process
+                # group's stop signals cannot kill it, `DecodeWorkerProcess`): nothing was handed to it, and
+                # the event loop decodes.
                 log.warning("a decode worker died while starting (%r); decoding in the event loop", failure)
                 self._pool = None
                 await asyncio.to_thread(pool.shutdown, wait=True, cancel_futures=True)
@@ -1178,10 +1180,34 @@ async def _start_workers(pool: ProcessPoolExecutor, workers: int, trust: Decisio
     return failure
 
 
+#: The signals a process group is stopped with, which a decode worker ignores (`_start_decode_worker`).
+_STOP_SIGNALS: Final = (signal.SIGTERM, signal.SIGINT)
+
+
 class DecodeWorkerProcess(multiprocessing.context.SpawnProcess):
-    """A decode worker's process: spawned, not forked. It ignores SIGTERM (`_start_decode_worker`), so
-    `terminate` -- which the pool calls on the workers left when one died, and then waits for them --
-    sends SIGKILL: a worker left blocked (writing a result nobody reads any more) would never end."""
+    """A decode worker's process: spawned, not forked, with the stop signals blocked from its first
+    instruction (`start`). It ignores SIGTERM (`_start_decode_worker`), so `terminate` -- which the pool
+    calls on the workers left when one died, and then waits for them -- sends SIGKILL: a worker left
+    blocked (writing a result nobody reads any more) would never end."""
+
+    def start(self) -> None:
+        """Spawn the worker with SIGTERM and SIGINT blocked; its initializer ignores them, then unblocks.
+
+        Without the block, a stop sent to the process group while the worker imports (before its
+        initializer runs) kills it, and a worker that dies while the pool spawns the next one hangs
+        CPython's pool (3.11): its manager thread, finding the dead worker, kills the workers it knows of,
+        then joins every worker -- including the one spawned meanwhile, alive and waiting for work -- forever,
+        and `shutdown(wait=True)` with it (and a call handed over meanwhile may never be answered). A
+        blocked signal stays pending in the child, and ignoring it discards it: the worker cannot die of
+        the group's stop, so the pool never breaks on one. CPython starts its resource tracker the same
+        way (bpo-33613); it is started first here, because starting it unblocks the signals.
+        """
+        multiprocessing.resource_tracker.ensure_running()
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+        try:
+            super().start()  # the child inherits this thread's signal mask through fork and exec
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
     def terminate(self) -> None:
         self.kill()
@@ -1203,8 +1229,9 @@ def _start_decode_worker(parent: int, niceness: int) -> None:
     the pipe, and the pool's manager thread then waits for the rest forever -- the projector never exits.
     (The pool ends workers with SIGKILL instead: `DecodeWorkerProcess`.)
     """
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, signal.SIG_IGN)
+    for signum in _STOP_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)  # discards one sent while they were blocked (`DecodeWorkerProcess`)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
     _die_with_parent()
     if os.getppid() != parent:  # the parent died before the death signal was asked for
         os._exit(0)

@@ -29,14 +29,16 @@ fold of the archive.
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
+import sys
 import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from infra.brokers import Broker
+from infra.brokers import Broker, create_topics
 from preflight.adapters.kafka import KafkaEventSink
 from tests.integration.worker_harness import WorkerRig
 from tests.reliability.harness import (
@@ -138,3 +140,95 @@ async def test_the_projector_ended_at_random_points_loses_repeats_and_alters_not
         assert set(exits["starting"]) <= exits_starting, f"ended while starting: {exits}\n{projector.log_tail()}"
     assert counts.ok, counts.explain()
     assert counts.acknowledged == counts.archived > 0
+
+
+#: Starts of the projector stopped as it spawns its decode workers, and the most time they may take.
+SPAWN_STOPS = 12
+SPAWN_STOPS_BUDGET_S = 300.0
+#: Decode workers spawned one after the other: each spawn after the first is a window for the race.
+SPAWNED_WORKERS = 4
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except OSError:  # the process is gone
+        return []
+    return [int(child) for child in text.split()]
+
+
+def _is_decode_worker(pid: int) -> bool:
+    try:
+        return b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def _group_members(pgid: int) -> list[int]:
+    """The processes of process group `pgid` still running (its leader included)."""
+    members = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            fields = stat[stat.rindex(")") + 2 :].split()  # after the command name, which may hold spaces
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                members.append(int(entry))
+    return members
+
+
+def _group_members_after(pgid: int, deadline: float) -> list[int]:
+    """The processes of group `pgid` left once they all ended, or at `deadline` (polling)."""
+    while (members := _group_members(pgid)) and time.monotonic() < deadline:
+        time.sleep(0.05)  # polling interval of a bounded wait (the resource tracker ends last)
+    return members
+
+
+def _stop_once_a_decode_worker_exists(projector: ProjectorProcess, timeout_s: float) -> int | None:
+    """Wait (polling, bounded) until the projector has spawned its first decode worker -- the pool is then
+    spawning the next ones -- and stop it (SIGTERM to its process group) at once; its exit status."""
+    pid = projector.pid
+    assert pid is not None
+    deadline = time.monotonic() + timeout_s
+    while projector.alive and time.monotonic() < deadline:
+        if any(_is_decode_worker(child) for child in _children(pid)):
+            break
+        time.sleep(0.0005)  # polling interval of a bounded wait
+    else:
+        raise AssertionError(f"no decode worker within {timeout_s:g} s:\n{projector.log_tail()}")
+    return projector.stop()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the process tree from /proc")
+async def test_a_stop_while_the_decode_workers_are_spawned_ends_the_projector(
+    broker: Broker, topic_name: str, tmp_path: Path
+) -> None:
+    """SIGTERM to the process group the moment the first of four decode workers exists, while the pool
+    spawns the next: the projector exits 0 (or -15) within the harness's bound every time, and leaves no
+    process of its group behind. A worker killed by that signal before it ignored it broke the pool while
+    it spawned the next one, and CPython's pool then waited for that one forever (exit -9 after the bound)."""
+    bootstrap = broker.bootstrap_servers
+    await create_topics(bootstrap, [topic_name], PARTITIONS)
+    projector = ProjectorProcess(
+        bootstrap, topic_name, tmp_path / "live.duckdb", tmp_path / "projector.log", decode_workers=SPAWNED_WORKERS
+    )
+    exits: Counter[int | None] = Counter()
+    deadline = time.monotonic() + SPAWN_STOPS_BUDGET_S
+    try:
+        for _ in range(SPAWN_STOPS):
+            if time.monotonic() >= deadline:
+                break
+            projector.start()
+            pgid = projector.pid
+            assert pgid is not None
+            status = await asyncio.to_thread(_stop_once_a_decode_worker_exists, projector, 60.0)
+            exits[status] += 1
+            assert status in {0, -signal.SIGTERM}, f"exit statuses {dict(exits)}\n{projector.log_tail()}"
+            left = await asyncio.to_thread(_group_members_after, pgid, deadline)
+            assert not left, f"start #{projector.starts} left processes of its group behind: {left}"
+    finally:
+        projector.kill()
+        print(f"exit statuses {dict(exits)}\n----- projector log -----\n{projector.log_tail(30)}")
+    assert sum(exits.values()) >= 5, f"only {sum(exits.values())} stops within {SPAWN_STOPS_BUDGET_S:g} s"
