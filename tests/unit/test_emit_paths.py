@@ -10,9 +10,9 @@ import uuid
 from typing import Any
 
 import pytest
-from pydantic import ValidationError
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
 from preflight import MemoryStorage, chain, create_preflight
 from preflight import api as engine_api
