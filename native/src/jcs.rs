@@ -458,7 +458,8 @@ pub fn jcs_digest<'py>(py: Python<'py>, value: &Bound<'py, PyAny>) -> Option<Bou
         text[PREFIX.len() + 2 * index + 1] = HEX[(byte & 0xf) as usize];
     }
     // SAFETY: `text` holds only ASCII.
-    Some(PyString::new(py, unsafe { std::str::from_utf8_unchecked(&text) }))
+    let text = unsafe { std::str::from_utf8_unchecked(&text) };
+    Some(PyString::new(py, text))
 }
 
 /// Whether `value` is plain JSON as `preflight.chain.plain_json` says it (its compiled walk): made only of dicts
