@@ -260,7 +260,13 @@ def run_events(
             },
         )
     )
-    ref = RunRef.of_members((run_id, chain.prev, chain.seq, decision_id, arguments_digest))  # assembled, not validated
+    ref = RunRef(
+        run_id=run_id,
+        last_hash=chain.prev,
+        next_seq=chain.seq,
+        decision_id=decision_id,
+        arguments_digest=arguments_digest,
+    )
     return KeptEvents(tuple(chain.texts), tuple(chain.kept)), ref
 
 

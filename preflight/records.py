@@ -205,9 +205,8 @@ _Model = TypeVar("_Model", bound=BaseModel)
 def _assembled(cls: type[_Model], members: dict[str, Any], given: set[str]) -> _Model:
     """A model of `cls` holding `members` as they are, not validated: what validating them gives where each is what
     validation passes on unchanged (each caller checks that: `FieldRecord.found`, `Fixed.matched`,
-    `ValueGate.tallied`, `RunRef.of_members`), `given` its members given (shared: a frozen model never changes the
-    set; `model_copy` copies it first), no extra members and no private state. The one definition of what such a
-    model carries."""
+    `ValueGate.tallied`), `given` its members given (shared: a frozen model never changes the set; `model_copy`
+    copies it first), no extra members and no private state. The one definition of what such a model carries."""
     model = _new(cls)  # not `cls.__new__`, looked up through pydantic's metaclass `__getattr__`: ~400 against ~225 ns
     _set(model, "__dict__", members)
     _set(model, "__pydantic_fields_set__", given)
@@ -589,31 +588,8 @@ class RunRef(BaseModel):
 
     @classmethod
     def of_members(cls, members: RunRefMembers) -> RunRef:
-        """The run reference whose `members` these are (equal to it): what validating them gives, assembled without
-        validating (`_assembled`) where each is what validation passes on unchanged -- the run id and last hash
-        exact `str`, the next seq an exact `int`, the decision id and arguments digest None or an exact `str` --
-        else validated. The engine makes one a run (`preflight.emit.run_events`): validating its five members
-        was ~1.5 us of the bench's loop, assembling them ~0.3 (bench/README.md, engine, seventeenth pass); a
-        property test holds the two equal, the members given included."""
+        """The run reference whose `members` these are (equal to it)."""
         run_id, last_hash, next_seq, decision_id, arguments_digest = members
-        if (
-            type(run_id) is str
-            and type(last_hash) is str
-            and type(next_seq) is int
-            and (decision_id is None or type(decision_id) is str)
-            and (arguments_digest is None or type(arguments_digest) is str)
-        ):
-            return _assembled(
-                cls,
-                {
-                    "run_id": run_id,
-                    "last_hash": last_hash,
-                    "next_seq": next_seq,
-                    "decision_id": decision_id,
-                    "arguments_digest": arguments_digest,
-                },
-                _RUN_REF_GIVEN,
-            )
         return cls(
             run_id=run_id,
             last_hash=last_hash,
@@ -625,8 +601,6 @@ class RunRef(BaseModel):
 
 #: A run reference's members (`RunRef.members`).
 RunRefMembers = tuple[str, str, int, str | None, str | None]
-#: The members given of an assembled run reference (`RunRef.of_members`; shared, as `Fixed.matched`'s).
-_RUN_REF_GIVEN = {"run_id", "last_hash", "next_seq", "decision_id", "arguments_digest"}
 
 
 class KeptEvents(Sequence[Any]):

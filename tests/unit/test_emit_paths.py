@@ -10,9 +10,8 @@ import uuid
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
-from pydantic import ValidationError
 
 from preflight import MemoryStorage, chain, create_preflight
 from preflight import api as engine_api
@@ -263,54 +262,3 @@ async def test_a_decided_record_given_its_run_is_what_with_run_ref_copies(path: 
     other = RunRef.model_validate({**ref.model_dump(), "run_id": "another"})
     again = decided.given_run(other, events)
     assert again is not decided and again.run_ref == other and decided.run_ref == ref
-
-
-class _Text(str):
-    """A subclass of `str`: validation makes a `str` of it, so it is not passed on as it is."""
-
-
-_MEMBER = st.none() | st.text(max_size=6) | st.builds(_Text, st.text(max_size=4)) | st.integers(-2, 2) | st.booleans()
-
-
-@settings(max_examples=500, deadline=None)
-@given(
-    run_id=_MEMBER,
-    last_hash=_MEMBER,
-    next_seq=st.integers(-1, 2**70) | _MEMBER | st.floats(allow_nan=False, max_value=10.0),
-    decision_id=_MEMBER,
-    arguments_digest=_MEMBER,
-)
-def test_a_run_reference_assembled_is_the_one_validated(
-    run_id: Any, last_hash: Any, next_seq: Any, decision_id: Any, arguments_digest: Any
-) -> None:
-    """`RunRef.of_members` (assembled where each member is what validation passes on unchanged, seventeenth
-    pass) is what validating the members gives -- equal, hashed alike, the members' types, the members given,
-    private state and JSON -- or refused alike, for members of any kind (subclasses of `str`, bools, floats)."""
-    members = (run_id, last_hash, next_seq, decision_id, arguments_digest)
-
-    def outcome(build: Any) -> Any:
-        try:
-            return build()
-        except ValidationError as exc:
-            return [(e["loc"], e["type"]) for e in exc.errors()]
-
-    ours = outcome(lambda: RunRef.of_members(members))
-    theirs = outcome(
-        lambda: RunRef(
-            run_id=run_id,
-            last_hash=last_hash,
-            next_seq=next_seq,
-            decision_id=decision_id,
-            arguments_digest=arguments_digest,
-        )
-    )
-    if isinstance(theirs, list):
-        assert ours == theirs
-        return
-    assert ours == theirs and type(ours) is type(theirs) and hash(ours) == hash(theirs)
-    assert ours.model_fields_set == theirs.model_fields_set
-    assert ours.__pydantic_private__ == theirs.__pydantic_private__
-    assert ours.__pydantic_extra__ == theirs.__pydantic_extra__
-    assert [type(v) for v in ours.__dict__.values()] == [type(v) for v in theirs.__dict__.values()]
-    assert ours.model_dump_json() == theirs.model_dump_json()
-    assert ours.members() == theirs.members()
