@@ -419,6 +419,7 @@ def main() -> None:
     if args.python:
         chain._native_jcs = None
         chain._native_jcs_sealed = None
+        chain._native_jcs_digest = None
         chain._native_plain = None
     _fix_randomness()
     lines = asyncio.run(corpus())

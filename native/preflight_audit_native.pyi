@@ -46,6 +46,11 @@ def jcs_sealed(fields: dict[str, Any], prev: str) -> tuple[str, bytes] | None:
     and the RFC 8785 bytes of the members but `hash`) and its RFC 8785 bytes with that hash. None where
     `jcs` would not vouch for the members, there is no `hash` member or no member sorts after it."""
 
+def jcs_digest(value: Any) -> str | None:
+    """``sha256:`` and the hex SHA-256 of `value`'s RFC 8785 bytes, where `jcs` vouches for them and they hold no
+    character from U+E000 up (then they are `preflight.chain.canonical_json`'s bytes); else None: the caller
+    digests it itself."""
+
 def plain_json(value: Any, max_depth: int | None = None) -> bool | None:
     """Whether `value` is made only of dicts with str keys, lists, str, bool, None and ints within
     +-(2**63 - 1), of their exact types (`preflight.chain.plain_json`); with `max_depth`, also nested no

@@ -48,6 +48,11 @@ try:  # ... and its one-pass seal of an event (`preflight.events.sealed`)
     from preflight_audit_native import jcs_sealed as _native_jcs_sealed
 except ImportError:  # pragma: no cover - a machine without the Rust toolchain, or an older build
     _native_jcs_sealed = None
+_native_jcs_digest: Callable[[Any], str | None] | None
+try:  # ... and its one-pass digest (`preflight.events.digest`)
+    from preflight_audit_native import jcs_digest as _native_jcs_digest
+except ImportError:  # pragma: no cover - a machine without the Rust toolchain, or an older build
+    _native_jcs_digest = None
 _native_plain: Callable[..., bool | None] | None
 try:  # ... and its walk of `plain_json` (~0.2 us where `_plain` takes ~1-2 on a record's part; bench/README.md)
     from preflight_audit_native import plain_json as _native_plain

@@ -434,6 +434,34 @@ pub fn jcs_sealed<'py>(
     Some((PyString::new(py, hex), sealed))
 }
 
+/// A digest in one pass (`preflight.events.digest`'s fast path): `sha256:` and the SHA-256, in lower-case hex,
+/// of `value`'s RFC 8785 bytes -- which are `preflight.chain.canonical_json`'s bytes where they hold no
+/// character from U+E000 up (`canonical_json` asks `jcs` on that rule). None where `jcs` would not vouch for
+/// `value` or its bytes hold such a character; the caller then digests it in Python. One call where the
+/// digest took five (the writer, the check of its bytes, `hashlib`'s SHA-256 -- OpenSSL's, whose object is
+/// set up for every digest -- its hex and the prefix), for the two digests of the engine bench's run.
+#[pyfunction]
+pub fn jcs_digest<'py>(py: Python<'py>, value: &Bound<'py, PyAny>) -> Option<Bound<'py, PyString>> {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    const PREFIX: &[u8] = b"sha256:";
+    let mut out = Vec::with_capacity(1024);
+    let mut members = Vec::with_capacity(64);
+    // SAFETY: `value` is held by its `Bound` and the GIL by `py` for the whole walk (see `Borrowed`).
+    unsafe { write(value.as_ptr(), &mut out, &mut members, 0)? };
+    if high(&out) {
+        return None;
+    }
+    let mut text = [0u8; 7 + 64];
+    text[..PREFIX.len()].copy_from_slice(PREFIX);
+    for (index, byte) in Sha256::digest(&out).iter().enumerate() {
+        text[PREFIX.len() + 2 * index] = HEX[(byte >> 4) as usize];
+        text[PREFIX.len() + 2 * index + 1] = HEX[(byte & 0xf) as usize];
+    }
+    // SAFETY: `text` holds only ASCII.
+    let text = unsafe { std::str::from_utf8_unchecked(&text) };
+    Some(PyString::new(py, text))
+}
+
 /// Whether `value` is plain JSON as `preflight.chain.plain_json` says it (its compiled walk): made only of dicts
 /// with `str` keys, lists, `str`, `bool`, `None` and `int` within +-(2**63 - 1), each of its exact built-in
 /// type -- the values `jcs` vouches for, bar a lone surrogate (a `str` all the same) and `i64::MIN`. With

@@ -721,6 +721,7 @@ fn preflight_audit_native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(canonical_texts, module)?)?;
     module.add_function(wrap_pyfunction!(jcs::jcs, module)?)?;
     module.add_function(wrap_pyfunction!(jcs::jcs_sealed, module)?)?;
+    module.add_function(wrap_pyfunction!(jcs::jcs_digest, module)?)?;
     module.add_function(wrap_pyfunction!(jcs::plain_json, module)?)?;
     module.add_class::<ArchiveColumns>()?;
     let fields: Vec<&str> = ARCHIVE_FIELDS.iter().map(|(name, _)| *name).collect();

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 from preflight import chain
 from preflight.chain import _jcs, _orders_agree, _plain, canonical_json, jcs
+from preflight.events import digest
 
 
 def _exact(value: Any) -> bytes:
@@ -144,6 +145,50 @@ class TestWideDicts:
     def test_the_compiled_seal_too(self, native: ModuleType, members: dict[str, Any], prev: str) -> None:
         fields = {**members, "hash": "placeholder", "z": 1}
         assert native.jcs_sealed(fields, prev) == _sealed_by_hand(fields, prev)
+
+
+def _digest_by_hand(value: Any) -> str:
+    """`preflight.events.digest`'s rule: the SHA-256 of `canonical_json` (sorted keys by code point, `json.dumps`)."""
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+
+
+class TestTheCompiledDigest:
+    """`events.digest` in one compiled call (`jcs_digest`) is the digest of `canonical_json`'s bytes, or no
+    answer: RFC 8785 bytes are those bytes only where no character from U+E000 up orders keys otherwise."""
+
+    @settings(max_examples=500, deadline=None)
+    @given(values | st.recursive(leaves | floats, lambda inner: st.lists(inner, max_size=3), max_leaves=8))
+    @example({"\ufb33": 1, "\U0001f600": 2})
+    @example({"a": "\ue000"})
+    @example({"a": 2**63})
+    def test_it_digests_canonical_json_or_declines(self, native: ModuleType, value: Any) -> None:
+        answer = native.jcs_digest(value)
+        if answer is not None:
+            assert answer == _digest_by_hand(value)
+            assert native.jcs(value) == canonical_json(value)
+        elif not _holds_float(value):
+            written = native.jcs(value)
+            assert written is None or any(byte >= 0xEE for byte in written)
+
+    @settings(max_examples=300, deadline=None)
+    @given(values)
+    def test_digest_is_the_same_with_it_and_without(self, native: ModuleType, value: Any) -> None:
+        fast = digest(value)
+        with pytest.MonkeyPatch.context() as patched:
+            patched.setattr(chain, "_native_jcs_digest", None)
+            patched.setattr(chain, "_native_jcs", None)
+            slow = digest(value)
+        assert fast == slow == _digest_by_hand(value)
+        if chain._plain(value, chain._INT64):
+            assert digest(value, plain=True) == fast
+
+    def test_what_it_cannot_vouch_for_is_digested_in_python(self, native: ModuleType) -> None:
+        for value in ({"a": 1.5}, {"a": 2**64}, {"\ue000": 1, "\U00010000": 2}, ("a",), {1: 2}):
+            assert native.jcs_digest(value) is None
+        assert digest({"a": 1.5}) == _digest_by_hand({"a": 1.5})
+        assert digest({"a": 2**64}) == _digest_by_hand({"a": 2**64})
+        assert digest({"\ue000": 1, "\U00010000": 2}) == _digest_by_hand({"\ue000": 1, "\U00010000": 2})
 
 
 class TestTheLegacyFormToo:
