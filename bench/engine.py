@@ -203,7 +203,7 @@ def _parts() -> list[tuple[Any, str, str]]:
         (run, "read_required_fields", "  step 5: the call's plan"),
         (run, "look_up_fields", "  step 6: the fields"),
         (lookup, "lookup_field", "    the five tiers"),
-        (lookup, "_apply_policy", "    the field policy (the hook called, its answer read)"),
+        (lookup, "_apply_policy", "    the field policy's answer read (its hook called by settle_field)"),
         (run, "check_the_call", "    the whole call against its JSON Schema"),
         (run, "verify_user_checklist", "  step 8: user checklist"),
         (run, "tally", "  step 9: tally (gate, record model, reason)"),

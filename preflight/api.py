@@ -254,7 +254,11 @@ class Preflight:
 
     async def _decide(self, raw: Any, pseudonym: Callable[[str], str] | None = None) -> Decided:
         try:
-            inp = raw if isinstance(raw, PreflightInput) else PreflightInput.model_validate(raw)
+            # A dict (the usual input) validated without the class check: `isinstance` against a model runs
+            # pydantic's Python `__instancecheck__` (~70 against ~18 ns alone).
+            inp = (
+                PreflightInput.model_validate(raw) if type(raw) is dict or not isinstance(raw, PreflightInput) else raw
+            )
         except ValidationError as exc:
             return invalid_input(raw, exc, self._clock())
         try:

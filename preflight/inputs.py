@@ -294,10 +294,8 @@ class PreflightInput(BaseModel):
     # that says "the user re-selected" would be a bypass switch.
     tool_reselected_by_user: Any = None
 
-    @field_validator("tool", mode="wrap")
-    @classmethod
-    def _known_tool(cls, raw: Any, handler: ValidatorFunctionWrapHandler) -> Any:
-        return known_tool(raw, handler)
+    #: The tool validated by `known_tool` itself, not by a classmethod calling it (one Python frame less a run).
+    _known_tool = field_validator("tool", mode="wrap")(staticmethod(known_tool))
 
     @property
     def prior_state_given(self) -> bool:

@@ -214,7 +214,7 @@ async def lookup_field(
     extract = hooks["extract_from_instruction"]
     try:
         found = extract(name, ctx.instruction, ctx) if takes(extract, 3) else extract(name, ctx.instruction)
-        if type(found) not in _NEVER_AWAITABLE and awaiting(found):  # see `_apply_policy`
+        if type(found) not in _NEVER_AWAITABLE and awaiting(found):  # see `settle_field`
             found = await found
     except Exception as exc:
         return _failed(name, at, "instruction", exc)
@@ -401,7 +401,18 @@ async def settle_field(
     # deeper copy than the dict's (`as_json` copies a container).
     given = {**written} if type(written.get("value")) not in (dict, list) else record.as_json()
     given.setdefault("value", None)
-    record = await _apply_policy(record, given, ctx, hooks)
+    # The field policy's hook called here, in the field's own frame, its answer read by `_apply_policy`: no
+    # coroutine of a helper's around the call (three a run of three fields; bench/README.md, engine, seventeenth
+    # pass), as the deciding steps call theirs (`preflight.engine`).
+    try:
+        out = hooks["apply_field_policy"](given, ctx)  # given: written for the hook, not kept
+        # `awaiting`'s own first test made here: a sync hook's usual answer (a dict, None) costs no call of it.
+        if type(out) not in _NEVER_AWAITABLE and awaiting(out):
+            out = await out
+    except Exception as exc:
+        record = demote(record, f"field policy hook failed: {type(exc).__name__}: {exc}")
+    else:
+        record = _apply_policy(record, out)
     kept = written if record is resolved.field else None
     members = record.__dict__  # read from its dict, not as attributes (`_apply_policy`)
     if members["status"] != "known":
@@ -425,18 +436,8 @@ async def settle_field(
     return Resolved(demote(record, note, pending_at_trigger=False), resolved.evidence)
 
 
-async def _apply_policy(
-    record: FieldRecord, given: dict[str, Any], ctx: LookupContext, hooks: Mapping[str, Hook]
-) -> FieldRecord:
-    """The field policy's verdict on `record`, whose JSON the hook is `given` (written for it, not kept)."""
-    try:
-        out = hooks["apply_field_policy"](given, ctx)  # given: written for the hook, not kept
-        # `awaiting`'s own first test made here: a sync hook's usual answer (a dict, None) costs no call of it
-        # (eight calls a run of three fields).
-        if type(out) not in _NEVER_AWAITABLE and awaiting(out):
-            out = await out
-    except Exception as exc:
-        return demote(record, f"field policy hook failed: {type(exc).__name__}: {exc}")
+def _apply_policy(record: FieldRecord, out: Any) -> FieldRecord:
+    """The field policy's verdict on `record`, the hook's (awaited) answer `out` (`settle_field` calls the hook)."""
     # A dict answer (the usual one) is read by its own `get`: what `read` does for it, without a call a member.
     get: Callable[[str, Any], Any] = out.get if type(out) is dict else functools.partial(read, out)
     status = get("status", None)
